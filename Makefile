@@ -1,0 +1,39 @@
+# make run | make test | make smoke | make bench | make server
+# Each target builds .venv from scratch when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Stage commands in dvc.yaml say `python -m stages.<name>`: the venv's python must come first.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install run test smoke bench server clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: the CPU wheel on disk, never a CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m pipeline repro
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+smoke: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not e2e"
+
+bench: $(STAMP)
+	$(BIN)/python bench/synthesis.py
+	$(BIN)/python bench/orchestration.py
+
+server: $(STAMP)
+	$(BIN)/prefect server start --host 127.0.0.1
+
+clean:
+	rm -rf $(VENV) data models

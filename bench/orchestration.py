@@ -1,0 +1,85 @@
+"""python bench/orchestration.py [--repeats 3]
+
+Orchestration costs, side by side in one process:
+1. no-op `dvc repro` on this repository's outputs (run `make run` first) against
+   an empty 3-stage DVC project in a temporary git repository;
+2. per-stage overhead: a stage process that runs an empty Prefect flow on a
+   shared server, against a bare `python -c pass`, and against the work of the
+   real stages (seconds from the last default run's metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.flows import prefect_server
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def timed(cmd: list[str], cwd: Path, repeats: int, env: dict | None = None) -> float:
+    """Median wall seconds of `cmd` (after one warm-up run)."""
+    subprocess.run(cmd, cwd=cwd, env=env or ENV, capture_output=True, check=True)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=cwd, env=env or ENV, capture_output=True, check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def trivial_project(folder: Path) -> None:
+    """Three chained stages that each copy a small file."""
+    stages = {
+        "a": {"cmd": "echo a > a.txt", "outs": ["a.txt"]},
+        "b": {"cmd": "cat a.txt > b.txt", "deps": ["a.txt"], "outs": ["b.txt"]},
+        "c": {"cmd": "cat b.txt > c.txt", "deps": ["b.txt"], "outs": ["c.txt"]},
+    }
+    (folder / "dvc.yaml").write_text(json.dumps({"stages": stages}))
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"],
+                [sys.executable, "-m", "dvc", "repro", "-q"]):
+        subprocess.run(cmd, cwd=folder, env=ENV, check=True, capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    dvc = [sys.executable, "-m", "dvc", "repro"]
+    if (ROOT / "dvc.lock").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            trivial_project(Path(tmp))
+            base = timed(dvc, Path(tmp), args.repeats)
+        ours = timed(dvc, ROOT, args.repeats)
+        print(f"no-op dvc repro: pipeline {ours:.2f} s, empty 3-stage project {base:.2f} s, ratio {ours / base:.2f}")
+    else:
+        print("no-op dvc repro: skipped (no dvc.lock; run `make run` first)")
+
+    noop_stage = [sys.executable, "-c", "from pipeline.flows import run_stage; run_stage('noop', lambda: None)"]
+    bare = [sys.executable, "-c", "pass"]
+    with tempfile.TemporaryDirectory() as home, prefect_server(home=Path(home)) as api:
+        env = {**ENV, "PREFECT_API_URL": api, "PREFECT_HOME": home}
+        stage = timed(noop_stage, ROOT, args.repeats, env)
+    python = timed(bare, ROOT, args.repeats)
+    print(f"per-stage overhead: empty-flow stage process {stage:.2f} s vs bare python {python:.2f} s "
+          f"(Prefect costs {stage - python:.2f} s a stage)")
+    work = {}
+    for name, key in (("synthesize", None), ("sft", "train_seconds")):
+        path = ROOT / "metrics" / f"{name}.json"
+        if path.exists() and key:
+            work[name] = json.loads(path.read_text())[key]
+    for name, seconds in work.items():
+        print(f"  against {name}'s work ({seconds:.1f} s): overhead is {100 * stage / seconds:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Repository root marker for pytest: `pipeline` and `stages` import from here."""

@@ -1,0 +1,1 @@
+"""A declarative post-training pipeline for reasoning models (see README.md)."""

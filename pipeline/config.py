@@ -1,0 +1,195 @@
+"""Typed params: one pydantic model per `params.yaml` section.
+
+A stage calls `load_section("sft", SFTConfig)`; an unknown key, a wrong type or
+an out-of-range value raises `ConfigError` naming the key before any work starts,
+e.g. ``params.yaml: sft.learning_rat: unknown key``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PARAMS_FILE = "params.yaml"
+
+
+class ConfigError(Exception):
+    """Bad params: the message names the file and the key."""
+
+
+class Section(BaseModel):
+    """Base of every params section: unknown keys fail, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+ChartType = Literal["bar", "grouped_bar", "stacked_bar", "line", "pie"]
+AnswerType = Literal["number", "binary", "text"]
+
+
+class SynthesizeConfig(Section):
+    """`synthesize`: the Chain-of-Functions generator."""
+
+    seed: int = Field(0, description="RNG seed; the same seed gives byte-identical files")
+    n_train: int = Field(6000, ge=1, description="training questions")
+    n_val: int = Field(300, ge=1, description="validation questions (in-domain)")
+    n_test: int = Field(500, ge=1, description="test questions (in-domain)")
+    n_ood: int = Field(300, ge=0, description="out-of-domain questions (held-out chain lengths / function pairs)")
+    chart_types: list[ChartType] = Field(
+        ["bar", "grouped_bar", "stacked_bar", "line", "pie"], min_length=1, description="chart types to draw tables for"
+    )
+    min_categories: int = Field(3, ge=2, description="fewest categories (x labels / slices) in a table")
+    max_categories: int = Field(5, ge=2, le=12, description="most categories in a table")
+    max_series: int = Field(3, ge=1, le=6, description="most series (legend entries) in a multi-series chart")
+    value_min: int = Field(1, ge=0, description="smallest table value")
+    value_max: int = Field(60, ge=2, description="largest table value")
+    min_chain_length: int = Field(2, ge=2, description="shortest chain (functions) in any split")
+    max_chain_length: int = Field(5, ge=2, description="longest chain in train/val/test")
+    ood_min_chain_length: int = Field(6, ge=3, description="ood chains are at least this long (never seen in train)")
+    ood_max_chain_length: int = Field(8, ge=3, description="longest ood chain")
+    max_subchains: int = Field(3, ge=1, le=3, description="sub-chains joined by binary value operators")
+    ood_held_out_pairs: list[str] = Field(
+        default_factory=list,
+        description="function bigrams 'f>g' that only ever appear in ood (function combinations unseen in train)",
+    )
+    answer_type_weights: dict[AnswerType, float] = Field(
+        {"number": 0.68, "binary": 0.16, "text": 0.16}, description="target share of each answer type"
+    )
+    render_charts: int = Field(20, ge=0, description="charts rendered to PNG per split (the first N questions)")
+    max_attempts_factor: int = Field(200, ge=1, description="give up after this many attempts per requested question")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "SynthesizeConfig":
+        if self.min_categories > self.max_categories:
+            raise ValueError("min_categories must be <= max_categories")
+        if self.value_min >= self.value_max:
+            raise ValueError("value_min must be < value_max")
+        if self.min_chain_length > self.max_chain_length:
+            raise ValueError("min_chain_length must be <= max_chain_length")
+        if self.n_ood and not (self.max_chain_length < self.ood_min_chain_length <= self.ood_max_chain_length):
+            raise ValueError("need max_chain_length < ood_min_chain_length <= ood_max_chain_length")
+        return self
+
+
+class BaseModelConfig(Section):
+    """`base`: the tokenizer and the untrained student."""
+
+    seed: int = Field(0, description="RNG seed for weight init")
+    model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
+    vocab_size: int = Field(512, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens)")
+    hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
+    intermediate_size: int = Field(384, ge=16, description="Qwen2 MLP size")
+    num_hidden_layers: int = Field(4, ge=1, description="transformer layers")
+    num_attention_heads: int = Field(4, ge=1, description="attention heads")
+    num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
+    max_position_embeddings: int = Field(512, ge=32, description="longest sequence in tokens")
+
+    @model_validator(mode="after")
+    def _heads(self) -> "BaseModelConfig":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+        return self
+
+
+class SFTConfig(Section):
+    """`sft`: supervised fine-tuning with TRL's SFTTrainer (loss on the completion only)."""
+
+    seed: int = Field(0, description="RNG seed for data order and dropout")
+    learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
+    num_train_epochs: float = Field(4.0, gt=0, description="passes over the training set")
+    max_steps: int = Field(-1, ge=-1, description="stop after this many optimizer steps (-1: use epochs)")
+    per_device_train_batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    warmup_steps: float = Field(0.03, ge=0, description="linear warm-up: a share of all steps when < 1, else a step count")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "cosine", description="learning-rate schedule"
+    )
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    max_length: int = Field(512, ge=16, description="truncate prompt+completion to this many tokens")
+    max_train_samples: int | None = Field(None, ge=1, description="use only the first N training questions")
+    max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
+    eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")
+    logging_steps: int = Field(20, ge=1, description="log training loss every N steps")
+
+
+class EvaluateConfig(Section):
+    """`evaluate`: batched greedy generation on test and ood, graded per question."""
+
+    batch_size: int = Field(64, ge=1, description="questions generated together")
+    max_new_tokens: int = Field(256, ge=1, description="generation limit per question, in tokens")
+    max_samples: int | None = Field(None, ge=1, description="evaluate only the first N questions of each split")
+    splits: list[Literal["test", "ood", "val"]] = Field(["test", "ood"], min_length=1, description="splits to evaluate")
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "synthesize": SynthesizeConfig,
+    "base": BaseModelConfig,
+    "sft": SFTConfig,
+    "evaluate": EvaluateConfig,
+}
+
+S = TypeVar("S", bound=Section)
+
+
+def params_path() -> Path:
+    """`params.yaml` in the working directory (DVC runs every stage from the repo root)."""
+    return Path(os.environ.get("PIPELINE_PARAMS", PARAMS_FILE))
+
+
+def read_params(path: Path | None = None) -> dict:
+    path = path or params_path()
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    return data
+
+
+def _format_errors(path: Path, name: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in (name, *err["loc"]))
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{path}: {key}: unknown key")
+        else:
+            lines.append(f"{path}: {key}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_section(name: str, model: type[S], raw: object, path: Path | str = PARAMS_FILE) -> S:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: {name}: must be a mapping, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(Path(path), name, exc)) from None
+
+
+def load_section(name: str, model: type[S] | None = None, path: Path | None = None) -> S:
+    """Parse one section of params.yaml; a missing section uses the model's defaults."""
+    path = path or params_path()
+    model = model or SECTIONS[name]  # type: ignore[assignment]
+    data = read_params(path)
+    return parse_section(name, model, data.get(name), path)
+
+
+def validate_all(path: Path | None = None) -> dict[str, Section]:
+    """Every known section at once (used by `python -m pipeline repro` before it starts DVC)."""
+    path = path or params_path()
+    data = read_params(path)
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
+    return {name: parse_section(name, model, data.get(name), path) for name, model in SECTIONS.items()}

@@ -1,0 +1,130 @@
+"""Prefect plumbing: run a stage as a flow, share one API server, publish artifacts.
+
+Every `python -m stages.<name>` runs its work inside a Prefect flow named after
+the stage. Without `PREFECT_API_URL` Prefect starts a temporary server per
+process (about 10 s here); `python -m pipeline repro` starts one server and
+hands its URL to every stage process through the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError
+from pipeline.io import InputError
+
+# Quiet, offline defaults; a user's own environment wins.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print a one-line reason and exit non-zero (no traceback for expected bad input)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+@contextlib.contextmanager
+def expected_errors() -> Iterator[None]:
+    """Turn bad params and bad inputs into a clear message and exit code 2."""
+    try:
+        yield
+    except (ConfigError, InputError) as exc:
+        fail(str(exc))
+
+
+def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
+    """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message."""
+    from prefect import flow  # imported here: params are validated before Prefect loads
+
+    stage_flow = flow(name=name, log_prints=True, persist_result=False, validate_parameters=False)(body)
+    with expected_errors():
+        return stage_flow(*args)
+
+
+def stage_logger():
+    """The flow run's logger inside a flow, a plain logger outside one (unit tests)."""
+    import logging
+
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("pipeline")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator[str]:
+    """Yield an API URL: `PREFECT_API_URL` when set, else a server started here and stopped after.
+
+    The server listens on loopback only; its SQLite database lives in `home`
+    (default: Prefect's own, so the runs stay browsable with `make server`).
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if home is not None:
+        env["PREFECT_HOME"] = str(home)
+    prefect_home = Path(env.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    log = open(prefect_home / "server.log", "ab")
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _healthy(api_url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"Prefect server exited with code {proc.returncode}; see {log.name}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prefect server not healthy after {timeout:.0f} s; see {log.name}")
+            time.sleep(0.3)
+        yield api_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def publish_table(key: str, rows: list[dict], description: str) -> None:
+    """A Prefect table artifact (keys: lowercase letters, digits and dashes)."""
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(key=key, table=rows, description=description)
+
+
+def publish_markdown(key: str, markdown: str, description: str) -> None:
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(key=key, markdown=markdown, description=description)

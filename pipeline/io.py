@@ -1,0 +1,179 @@
+"""Atomic writes, parquet I/O and provenance manifests.
+
+Stage contract (DESIGN.md): a stage writes into a temporary folder beside its
+output and renames it into place at the end, so a killed stage never leaves an
+output that looks complete; every output folder carries `config.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class InputError(Exception):
+    """A missing or malformed input: the message names the file (and row or column)."""
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path | str) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `final`; replace `final` with it on success.
+
+    On an exception the temporary folder is removed and `final` is left as it was.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write a file through a temporary sibling and os.replace (atomic on POSIX)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path | str, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def read_json(path: Path | str) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON: {exc}") from exc
+
+
+def write_rows(path: Path | str, rows: Sequence[dict], schema: pa.Schema | None = None) -> None:
+    """Rows to parquet. Same rows give the same bytes (no timestamps in parquet metadata)."""
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    pq.write_table(table, path, compression="zstd")
+
+
+def read_rows(path: Path | str, required: Sequence[str] = ()) -> list[dict]:
+    """Parquet to rows; a missing or corrupted file or a missing column fails naming it."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: file not found (run the stage that makes it: dvc repro)")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: not a readable parquet file: {exc}") from exc
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
+    return table.to_pylist()
+
+
+def hash_path(path: Path | str) -> str:
+    """sha256 of a file, or of a folder's files (relative names and contents, sorted)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_file():
+        files = [path]
+        base = path.parent
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        base = path
+    else:
+        raise InputError(f"{path}: not found")
+    for file in files:
+        digest.update(str(file.relative_to(base)).encode())
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "trl", "tokenizers", "datasets", "pyarrow", "prefect", "dvc"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+def write_manifest(
+    folder: Path, stage: str, params: Any, inputs: Sequence[Path | str] = (), name: str = "config.json", **extra: Any
+) -> None:
+    """How this output was made (resolved params, input hashes, seed, versions), as `folder/name`.
+
+    Model folders pass `paths.MODEL_MANIFEST`: their `config.json` is the Hugging Face model config.
+    """
+    params_dict = params.model_dump(mode="json") if hasattr(params, "model_dump") else dict(params)
+    manifest = {
+        "stage": stage,
+        "params": params_dict,
+        "seed": params_dict.get("seed"),
+        "inputs": {str(p): hash_path(p) for p in inputs},
+        "versions": library_versions(),
+        **extra,
+    }
+    write_json(Path(folder) / name, manifest)
+
+
+# The reasoning-example contract of DESIGN.md, plus `prompt` (the serialized chart and question).
+STEP_TYPE = pa.struct([("function", pa.string()), ("text", pa.string()), ("value", pa.string())])
+EXAMPLE_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("split", pa.string()),
+        ("chart_type", pa.string()),
+        ("table", pa.string()),
+        ("question", pa.string()),
+        ("prompt", pa.string()),
+        ("answer", pa.string()),
+        ("answer_type", pa.string()),
+        ("functions", pa.list_(pa.string())),
+        ("groups", pa.list_(pa.string())),
+        ("steps", pa.list_(STEP_TYPE)),
+        ("rationale", pa.string()),
+        ("chain_length", pa.int64()),
+        ("task_type", pa.string()),
+        ("image_path", pa.string()),
+    ]
+)
+EXAMPLE_COLUMNS = tuple(EXAMPLE_SCHEMA.names)

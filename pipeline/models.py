@@ -1,0 +1,88 @@
+"""Build the tiny default student or load any Hugging Face model; save with its config.
+
+The default runs offline: a byte-level BPE tokenizer trained with `tokenizers`
+on the synthetic corpus (digits stay single tokens, so numbers are spelled
+digit by digit) and a small Qwen2 causal LM built from a config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from pipeline.config import BaseModelConfig
+from pipeline.io import InputError
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE on the corpus; digits are split one per token before merging."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any byte stays encodable
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+    fast.padding_side = "left"  # decoder-only generation pads on the left
+    return fast
+
+
+def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2 of the configured size (seeded)."""
+    torch.manual_seed(cfg.seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def load_model(path: Path | str, dtype: torch.dtype = torch.float32):
+    """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1)."""
+    path = str(path)
+    if Path(path).is_dir() is False and Path(path).exists() is False and "/" not in path:
+        raise InputError(f"{path}: model folder not found")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def save_model(model, tokenizer, folder: Path) -> None:
+    """Hugging Face format, safetensors weights, tokenizer beside them."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,84 @@
+"""The orchestrator flow: `dvc repro` under one Prefect flow, then the metrics as artifacts.
+
+DVC decides what is stale; this flow only runs it, shares one Prefect API server
+with every stage process (through `PREFECT_API_URL` in their environment), and
+publishes this version's metrics and their diff against git HEAD.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from pipeline import paths
+from pipeline.config import validate_all
+from pipeline.flows import publish_markdown, publish_table, stage_logger
+
+
+def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
+    """Run the venv's DVC with the venv's `python` first on PATH (stage cmds say `python -m ...`)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], env=env, text=True, capture_output=capture, check=False
+    )
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, float]:
+    """Nested metrics to dotted keys with numeric leaves (the per-split detail is left out)."""
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "splits":
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def metrics_rows(root: Path = paths.METRICS) -> list[dict]:
+    """One row per metric of every metrics/*.json file."""
+    rows = []
+    for file in sorted(root.rglob("*.json")):
+        for key, value in flatten(json.loads(file.read_text())).items():
+            rows.append({"file": str(file), "metric": key, "value": value})
+    return rows
+
+
+def diff_markdown(rev: str = "HEAD") -> str:
+    """`dvc metrics diff` of the workspace against `rev`, as a markdown table."""
+    proc = dvc("metrics", "diff", rev, "--json", capture=True)
+    if proc.returncode != 0:
+        return f"`dvc metrics diff {rev}` failed: {proc.stderr.strip()[:500]}"
+    diff = json.loads(proc.stdout or "{}").get("diff", {})
+    lines = ["| file | metric | old | new | change |", "|---|---|---|---|---|"]
+    for file, entries in sorted(diff.items()):
+        for key, d in sorted(entries.items()):
+            lines.append(f"| {file} | {key} | {d.get('old')} | {d.get('new')} | {d.get('diff')} |")
+    return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {rev}."
+
+
+@flow(name="repro", log_prints=True, persist_result=False)
+def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool = False, push: bool = False) -> dict:
+    """Run `dvc repro` (optionally pull first / push after) and publish the metrics."""
+    log = stage_logger()
+    validate_all()  # every section, before DVC starts anything
+    if pull and dvc("pull").returncode != 0:
+        raise RuntimeError("dvc pull failed")
+    start = time.perf_counter()
+    proc = dvc("repro", *(["--force"] if force else []), *(targets or []))
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc repro failed with exit code {proc.returncode}")
+    log.info("dvc repro finished in %.1f s", time.perf_counter() - start)
+    if push and dvc("push").returncode != 0:
+        raise RuntimeError("dvc push failed")
+    rows = metrics_rows()
+    if rows:
+        publish_table("pipeline-metrics", rows, "Metrics of this pipeline version (metrics/*.json)")
+    publish_markdown("pipeline-metrics-diff", diff_markdown(), "dvc metrics diff against git HEAD")
+    return {r["file"] + ":" + r["metric"]: r["value"] for r in rows}

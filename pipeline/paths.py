@@ -1,0 +1,63 @@
+"""Every data/, models/, metrics/ and plots/ path, spelled once.
+
+Paths are relative to the repository root, where DVC runs every stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DATA = Path("data")
+MODELS = Path("models")
+METRICS = Path("metrics")
+PLOTS = Path("plots")
+
+SPLITS = ("train", "val", "test", "ood")
+
+# Provenance file of a model folder; `config.json` there is the Hugging Face model config.
+MODEL_MANIFEST = "pipeline_config.json"
+
+
+def stage_data(stage: str) -> Path:
+    """The output folder of a data stage: data/<stage>/."""
+    return DATA / stage
+
+
+def split_file(split: str, stage: str = "synthesize") -> Path:
+    """One split of a data stage's questions: data/<stage>/<split>.parquet."""
+    return stage_data(stage) / f"{split}.parquet"
+
+
+def charts_dir() -> Path:
+    """Rendered chart PNGs, inside the synthesize output so DVC tracks them together."""
+    return stage_data("synthesize") / "charts"
+
+
+def model_dir(name: str) -> Path:
+    """A trained or built model in Hugging Face format: models/<name>/."""
+    return MODELS / name
+
+
+def metrics_file(stage: str) -> Path:
+    """A stage's summary metrics: metrics/<stage>.json."""
+    return METRICS / f"{stage}.json"
+
+
+def eval_metrics_file(model: str) -> Path:
+    """One evaluated model's metrics: metrics/evaluate/<model>.json."""
+    return METRICS / "evaluate" / f"{model}.json"
+
+
+def eval_predictions_dir(model: str) -> Path:
+    """One evaluated model's graded generations: data/evaluate/<model>/."""
+    return stage_data("evaluate") / model
+
+
+def eval_plots_dir(model: str) -> Path:
+    """One evaluated model's plots: plots/evaluate/<model>/."""
+    return PLOTS / "evaluate" / model
+
+
+def live_dir(stage: str) -> Path:
+    """dvclive's folder for a training stage's curves: plots/<stage>/."""
+    return PLOTS / stage

@@ -1,0 +1,87 @@
+"""python -m stages.evaluate --model sft
+
+Batched greedy generation on the test and ood questions, graded with
+pipeline/grading.py. Writes metrics/evaluate/<model>.json (accuracy, accuracy_ood,
+step accuracy, breakdowns, cost, the majority baseline), the graded generations
+in data/evaluate/<model>/ and accuracy-by-task-type plots in plots/evaluate/<model>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pipeline import paths
+from pipeline.config import EvaluateConfig, load_section
+from pipeline.evaluation import majority_baseline, score, summarize
+from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.generation import generate
+from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.plots import bar_chart
+
+
+def run(cfg: EvaluateConfig, model, tokenizer, rows_by_split: dict[str, list[dict]]) -> tuple[dict, list[dict]]:
+    """Generate and grade every split; returns (metrics by split, graded records)."""
+    records, by_split = [], {}
+    for split, rows in rows_by_split.items():
+        rows = rows[: cfg.max_samples]
+        start = time.perf_counter()
+        generations = generate(
+            model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size
+        )
+        seconds = time.perf_counter() - start
+        graded = [score(row, gens[0].text, gens[0].tokens) for row, gens in zip(rows, generations)]
+        by_split[split] = {**summarize(graded), "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
+        records += graded
+    return by_split, records
+
+
+def headline(by_split: dict[str, dict], baseline: float) -> dict:
+    """Top-level metrics: test numbers flat (what `dvc metrics diff` compares), ood beside them."""
+    test = by_split.get("test", next(iter(by_split.values())))
+    out = {k: test[k] for k in ("accuracy", "step_accuracy", "by_answer_type", "by_task_type", "by_chain_length")}
+    out["tokens_per_question"] = test["tokens_per_question"]
+    out["seconds_per_question"] = test["seconds_per_question"]
+    out["baseline_majority"] = baseline
+    if "ood" in by_split:
+        out["accuracy_ood"] = by_split["ood"]["accuracy"]
+        out["step_accuracy_ood"] = by_split["ood"]["step_accuracy"]
+    out["splits"] = by_split
+    return out
+
+
+def _flow(cfg: EvaluateConfig, model_name: str) -> None:
+    from pipeline.models import load_model
+
+    split_files = {split: paths.split_file(split) for split in cfg.splits}
+    rows_by_split = {s: read_rows(f, required=EXAMPLE_COLUMNS) for s, f in split_files.items()}
+    train_rows = read_rows(paths.split_file("train"), required=("answer", "answer_type"))
+    model_dir = paths.model_dir(model_name)
+    model, tokenizer = load_model(model_dir)
+    by_split, records = run(cfg, model, tokenizer, rows_by_split)
+    metrics = headline(by_split, majority_baseline(train_rows, rows_by_split.get("test", records)))
+    stage_logger().info(
+        "%s: accuracy %.3f (majority baseline %.3f), ood %s",
+        model_name, metrics["accuracy"], metrics["baseline_majority"], metrics.get("accuracy_ood"),
+    )
+    with atomic_dir(paths.eval_predictions_dir(model_name)) as out:
+        write_rows(out / "predictions.parquet", records)
+        write_manifest(out, "evaluate", cfg, inputs=[model_dir, *split_files.values()], model=model_name)
+    with atomic_dir(paths.eval_plots_dir(model_name)) as out:
+        rows = [{"task_type": k, "accuracy": v} for k, v in metrics["by_task_type"].items()]
+        write_json(out / "by_task_type.json", rows)
+        bar_chart(metrics["by_task_type"], out / "by_task_type.png", title=f"{model_name}: test accuracy by task type")
+    write_json(paths.eval_metrics_file(model_name), metrics)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="folder name under models/ (e.g. sft)")
+    args = parser.parse_args(argv)
+    with expected_errors():
+        cfg = load_section("evaluate", EvaluateConfig)
+    run_stage("evaluate", _flow, cfg, args.model)
+
+
+if __name__ == "__main__":
+    main()

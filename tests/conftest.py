@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny params, and one real Prefect server on loopback for the session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small enough for 2 cores; the same stages and code paths as the default run.
+TINY_PARAMS = {
+    "synthesize": {"seed": 0, "n_train": 240, "n_val": 24, "n_test": 40, "n_ood": 24, "render_charts": 2},
+    "base": {"seed": 0, "vocab_size": 320, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512},
+    "sft": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,
+            "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3},
+    "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"]},
+}
+
+
+def write_params(folder: Path, params: dict = TINY_PARAMS) -> Path:
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A real Prefect API server (SQLite in a temp PREFECT_HOME), used in-process and by subprocesses."""
+    from pipeline.flows import prefect_server
+
+    home = tmp_path_factory.mktemp("prefect_home")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ.pop("PREFECT_API_URL", None)
+    os.environ["PREFECT_HOME"] = str(home)
+    with prefect_server(home=home) as api_url:
+        os.environ["PREFECT_API_URL"] = api_url  # for subprocesses
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):  # for this process
+            yield api_url
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def copy_project(dest: Path) -> Path:
+    """The tracked project files (no data, models or venv) into `dest`."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file() and not rel.startswith(("tests/", "bench/")):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def venv_env(**extra: str) -> dict[str, str]:
+    """The environment a stage subprocess gets: this interpreter's folder first on PATH."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONUNBUFFERED": "1", **extra}

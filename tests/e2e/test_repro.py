@@ -1,0 +1,89 @@
+"""The real thing: `python -m pipeline repro` (which runs `dvc repro`) in a temporary git repository.
+
+Checks the outputs and metrics, that a second run re-executes nothing, and that
+changing one `sft` param re-runs exactly `sft` and what depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.conftest import copy_project, venv_env, write_params
+
+pytestmark = pytest.mark.e2e
+
+
+def sh(args: list[str], cwd, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, env=venv_env(), capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def dvc(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
+    return sh([sys.executable, "-m", "dvc", *args], cwd, check)
+
+
+def ran_stages(output: str) -> list[str]:
+    return sorted(set(re.findall(r"Running stage '([^']+)'", output)))
+
+
+def api_post(api_url: str, route: str, body: dict) -> list[dict]:
+    req = urllib.request.Request(f"{api_url}/{route}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, prefect_api):
+    folder = copy_project(tmp_path_factory.mktemp("repo"))
+    write_params(folder)
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "ci@example.com"],
+                ["git", "config", "user.name", "ci"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
+        sh(cmd, folder)
+    return folder
+
+
+def test_repro_builds_everything(repo, prefect_api):
+    proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
+    out = proc.stdout + proc.stderr
+    assert ran_stages(out) == ["base", "evaluate@sft", "sft", "synthesize"]
+    for path in ("data/synthesize/test.parquet", "models/base/model.safetensors", "models/sft/model.safetensors",
+                 "data/evaluate/sft/predictions.parquet", "metrics/evaluate/sft.json", "dvc.lock"):
+        assert (repo / path).exists(), path
+    shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
+    metrics = shown["workspace"]["data"]["metrics/evaluate/sft.json"]["data"]
+    assert 0 <= metrics["accuracy"] <= 1 and "accuracy_ood" in metrics
+    # every stage ran as a flow on the shared server, and the orchestrator published the metrics
+    flows = {f["name"] for f in api_post(prefect_api, "flows/filter", {})}
+    assert {"repro", "synthesize", "base", "sft", "evaluate"} <= flows
+    keys = {a["key"] for a in api_post(prefect_api, "artifacts/filter", {})}
+    assert {"pipeline-metrics", "pipeline-metrics-diff"} <= keys
+
+
+def test_second_repro_runs_nothing(repo):
+    proc = dvc("repro", cwd=repo)
+    assert ran_stages(proc.stdout + proc.stderr) == []
+    assert "up to date" in dvc("status", cwd=repo).stdout.lower() or dvc("status", cwd=repo).stdout.strip() == ""
+
+
+def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["sft"]["learning_rate"] = 0.002
+    write_params(repo, params)
+    dry = dvc("repro", "--dry", cwd=repo)
+    assert ran_stages(dry.stdout + dry.stderr) == ["evaluate@sft", "sft"]
+    base_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"]
+    proc = dvc("repro", cwd=repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft", "sft"]
+    assert yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"] == base_lock
+    diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)
+    assert diff["params.yaml"]["sft.learning_rate"] == {"old": 0.003, "new": 0.002}

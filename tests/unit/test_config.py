@@ -1,0 +1,77 @@
+"""Params validation: unknown keys, wrong types and out-of-range values name the key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import SECTIONS, ConfigError, SFTConfig, load_section, validate_all
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_repo_params_yaml_is_valid_and_complete():
+    sections = validate_all(ROOT / "params.yaml")
+    assert set(sections) == set(SECTIONS)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, model in SECTIONS.items():
+        # every field is spelled out in params.yaml, so the file documents the default run
+        assert set(raw[name]) == set(model.model_fields), name
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = write(tmp_path, {"sft": {"learning_rat": 0.1}})
+    with pytest.raises(ConfigError, match=r"params.yaml: sft.learning_rat: unknown key"):
+        load_section("sft", SFTConfig, path)
+
+
+def test_wrong_type_is_named(tmp_path):
+    path = write(tmp_path, {"sft": {"per_device_train_batch_size": "many"}})
+    with pytest.raises(ConfigError, match=r"sft.per_device_train_batch_size: .*integer"):
+        load_section("sft", SFTConfig, path)
+
+
+def test_out_of_range_is_named(tmp_path):
+    path = write(tmp_path, {"sft": {"learning_rate": -1}})
+    with pytest.raises(ConfigError, match=r"sft.learning_rate: .*greater than 0"):
+        load_section("sft", SFTConfig, path)
+
+
+def test_cross_field_rule(tmp_path):
+    path = write(tmp_path, {"synthesize": {"min_categories": 6, "max_categories": 4}})
+    with pytest.raises(ConfigError, match=r"synthesize: .*min_categories"):
+        load_section("synthesize", path=path)
+
+
+def test_missing_section_uses_defaults(tmp_path):
+    path = write(tmp_path, {"base": {"hidden_size": 64}})
+    assert load_section("sft", SFTConfig, path) == SFTConfig()
+
+
+def test_unknown_section_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="sftt: unknown section"):
+        validate_all(write(tmp_path, {"sftt": {}}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sft: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        validate_all(bad)
+
+
+def test_stage_exits_nonzero_before_work(tmp_path):
+    """The real command: exit 2, the key in stderr, no output folder created."""
+    write(tmp_path, {"sft": {"learning_rat": 0.1}})
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.sft"], cwd=tmp_path, capture_output=True, text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2
+    assert "params.yaml: sft.learning_rat: unknown key" in proc.stderr
+    assert not (tmp_path / "models").exists()

@@ -1,0 +1,176 @@
+"""generate_dataset: exact counts, determinism, split hygiene, lengths, answer-type shares."""
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from pipeline.cof import generate
+from pipeline.cof.core import FUNCTIONS
+from pipeline.cof.generate import SPLITS, generate_dataset, parse_held_out, task_type
+from pipeline.cof.tables import random_table
+from pipeline.config import SynthesizeConfig
+from pipeline.grading import extract_answer, grade, step_accuracy
+
+SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10)
+COLUMNS = {
+    "id": str, "split": str, "chart_type": str, "table": str, "question": str, "prompt": str, "answer": str,
+    "answer_type": str, "functions": list, "groups": list, "steps": list, "rationale": str, "chain_length": int,
+    "task_type": str, "image_path": type(None),
+}
+
+
+@pytest.fixture(scope="module")
+def small():
+    return generate_dataset(SMALL)
+
+
+@pytest.fixture(scope="module")
+def large():
+    return generate_dataset(SynthesizeConfig(seed=11, n_train=1200, n_val=100, n_test=100, n_ood=200))
+
+
+def all_rows(rows):
+    return [r for split in SPLITS for r in rows[split]]
+
+
+def test_counts_are_exact(small):
+    rows, stats = small
+    assert {s: len(rows[s]) for s in SPLITS} == {"train": 60, "val": 10, "test": 10, "ood": 10}
+    assert stats["splits"] == {"train": 60, "val": 10, "test": 10, "ood": 10}
+    assert stats["accepted"] == 90 and stats["attempts"] >= 90
+    assert [r["id"] for r in rows["val"]] == [f"val-{i:06d}" for i in range(10)]
+
+
+def test_every_row_has_every_column(small):
+    rows, _ = small
+    for split in SPLITS:
+        for r in rows[split]:
+            assert set(r) == set(COLUMNS)
+            for column, typ in COLUMNS.items():
+                assert isinstance(r[column], typ), (column, r[column])
+            assert r["split"] == split
+            assert r["chain_length"] == len(r["functions"]) == len(r["steps"])
+            assert r["answer_type"] in ("number", "binary", "text")
+            assert r["prompt"].endswith(f"Question: {r['question']}\n")
+            assert json.loads(r["table"])["chart_type"] == r["chart_type"]
+            assert r["groups"] == list(dict.fromkeys(FUNCTIONS[f].group for f in r["functions"]))
+            for step in r["steps"]:
+                assert set(step) == {"function", "text", "value"} and all(isinstance(v, str) for v in step.values())
+            assert grade(extract_answer(r["rationale"]), r["answer"], r["answer_type"])
+            n = len(r["steps"])
+            assert step_accuracy(r["rationale"], [s["value"] for s in r["steps"]]) == (n, n)
+
+
+def test_same_seed_same_rows_and_another_seed_differs(small):
+    again = generate_dataset(SMALL)
+    assert again == small
+    other, _ = generate_dataset(SMALL.model_copy(update={"seed": 4}))
+    assert [r["question"] for r in other["train"]] != [r["question"] for r in small[0]["train"]]
+
+
+def test_no_question_or_table_is_shared_across_splits(large):
+    rows, _ = large
+    for column in ("question", "table"):
+        owner = {}
+        for split in SPLITS:
+            for r in rows[split]:
+                assert owner.setdefault(r[column], split) == split, (column, r[column])
+    tables = [r["table"] for r in all_rows(rows)]
+    assert len(set(tables)) == len(tables)  # one question per table
+
+
+def test_a_table_is_used_once_even_when_drawn_again(monkeypatch):
+    pool = [random_table(random.Random(i), SMALL) for i in range(30)]
+    monkeypatch.setattr(generate, "random_table", lambda rng, cfg: pool[rng.randrange(len(pool))])
+    rows, stats = generate_dataset(SMALL.model_copy(update={"n_train": 8, "n_val": 1, "n_test": 1, "n_ood": 1}))
+    tables = [r["table"] for r in all_rows(rows)]
+    assert len(set(tables)) == len(tables) == 11
+    assert stats["rejected"]["duplicate_table"] > 0
+
+
+def test_chain_lengths_per_split(large):
+    rows, stats = large
+    cfg = SynthesizeConfig()
+    for split in ("train", "val", "test"):
+        assert all(cfg.min_chain_length <= r["chain_length"] <= cfg.max_chain_length for r in rows[split])
+    assert all(cfg.ood_min_chain_length <= r["chain_length"] <= cfg.ood_max_chain_length for r in rows["ood"])
+    assert set(stats["chain_length"]["train"]) == {"2", "3", "4", "5"}
+
+
+def test_answer_types_follow_the_weights(large):
+    rows, _ = large
+    in_domain = [r for s in ("train", "val", "test") for r in rows[s]]
+    for group in (in_domain, rows["ood"]):
+        share = Counter(r["answer_type"] for r in group)
+        for answer_type, weight in SynthesizeConfig().answer_type_weights.items():
+            assert abs(share[answer_type] / len(group) - weight) < 0.05, (answer_type, share)
+
+
+def test_binary_answers_are_balanced(large):
+    answers = Counter(r["answer"] for r in all_rows(large[0]) if r["answer_type"] == "binary")
+    assert abs(answers["Yes"] - answers["No"]) <= 0.1 * sum(answers.values())
+
+
+def test_a_numeric_answer_never_appears_in_its_question(large):
+    for r in all_rows(large[0]):
+        if r["answer_type"] == "number":
+            assert f" {r['answer']} " not in f" {r['question'][:-1]} "
+
+
+def test_other_weights_are_followed_too():
+    weights = {"number": 0.2, "binary": 0.4, "text": 0.4}
+    cfg = SynthesizeConfig(n_train=200, n_val=20, n_test=20, n_ood=20, answer_type_weights=weights)
+    rows, _ = generate_dataset(cfg)
+    share = Counter(r["answer_type"] for r in all_rows(rows))
+    assert abs(share["text"] / 260 - 0.4) < 0.05 and abs(share["number"] / 260 - 0.2) < 0.05
+
+
+def test_held_out_pairs_only_appear_in_ood():
+    cfg = SMALL.model_copy(update={"ood_held_out_pairs": ["select_all>count_objects"], "n_ood": 40})
+    rows, _ = generate_dataset(cfg)
+
+    def has_pair(r):
+        fns = r["functions"]
+        return any(a == "select_all" and b == "count_objects" for a, b in zip(fns, fns[1:]))
+
+    assert not any(has_pair(r) for s in ("train", "val", "test") for r in rows[s])
+    assert any(has_pair(r) and r["chain_length"] < cfg.ood_min_chain_length for r in rows["ood"])
+    with pytest.raises(ValueError, match="ood_held_out_pairs"):
+        parse_held_out(["select_all>no_such_function"])
+
+
+def test_running_out_of_attempts_fails_with_a_clear_message():
+    with pytest.raises(RuntimeError, match=r"gave up after \d+ attempts \(max_attempts_factor=1\)"):
+        generate_dataset(SMALL.model_copy(update={"max_attempts_factor": 1}))
+
+
+@pytest.mark.parametrize(
+    "functions, answer_type, expected",
+    [
+        (["one_object", "colour_of"], "text", "text_information"),
+        (["series_selection", "consistently_increasing"], "binary", "trend"),
+        (["one_object", "value_of_objects", "one_object", "value_of_objects", "A_greater_B"], "binary", "comparison"),
+        (["select_all", "value_of_objects", "mean", "multiply_by_constant"], "number", "arithmetic"),
+        (["select_all", "value_of_objects", "median"], "number", "statistics"),
+        (["select_all", "larger_than", "count_objects"], "number", "counting"),
+        (["select_all", "max_one_object", "value_of_objects"], "number", "extreme_value"),
+        (["one_object", "value_of_objects"], "number", "data_retrieval"),
+    ],
+)
+def test_task_type(functions, answer_type, expected):
+    assert task_type(functions, answer_type) == expected
+
+
+def test_render_is_byte_for_byte_deterministic(small, tmp_path):
+    from pipeline.cof.render import render_chart
+
+    by_type = {r["chart_type"]: json.loads(r["table"]) for r in all_rows(small[0])}
+    assert set(by_type) == set(SynthesizeConfig().chart_types)
+    for chart_type, table in by_type.items():
+        a, b = tmp_path / f"{chart_type}-a.png", tmp_path / "x" / f"{chart_type}-b.png"
+        render_chart(table, a)
+        render_chart(table, b)
+        assert a.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert a.read_bytes() == b.read_bytes()
