@@ -40,17 +40,17 @@ class SynthesizeConfig(Section):
     n_test: int = Field(500, ge=1, description="test questions (in-domain)")
     n_ood: int = Field(300, ge=0, description="out-of-domain questions (held-out chain lengths / function pairs)")
     chart_types: list[ChartType] = Field(
-        ["bar", "grouped_bar", "stacked_bar", "line", "pie"], min_length=1, description="chart types to draw tables for"
+        ["bar", "line", "pie"], min_length=1, description="chart types to draw tables for"
     )
     min_categories: int = Field(3, ge=2, description="fewest categories (x labels / slices) in a table")
-    max_categories: int = Field(5, ge=2, le=12, description="most categories in a table")
-    max_series: int = Field(3, ge=1, le=6, description="most series (legend entries) in a multi-series chart")
+    max_categories: int = Field(4, ge=2, le=12, description="most categories in a table")
+    max_series: int = Field(1, ge=1, le=6, description="most series (legend entries) in a multi-series chart")
     value_min: int = Field(1, ge=0, description="smallest table value")
-    value_max: int = Field(60, ge=2, description="largest table value")
+    value_max: int = Field(20, ge=2, description="largest table value")
     min_chain_length: int = Field(2, ge=2, description="shortest chain (functions) in any split")
-    max_chain_length: int = Field(5, ge=2, description="longest chain in train/val/test")
-    ood_min_chain_length: int = Field(6, ge=3, description="ood chains are at least this long (never seen in train)")
-    ood_max_chain_length: int = Field(8, ge=3, description="longest ood chain")
+    max_chain_length: int = Field(3, ge=2, description="longest chain in train/val/test")
+    ood_min_chain_length: int = Field(4, ge=3, description="ood chains are at least this long (never seen in train)")
+    ood_max_chain_length: int = Field(5, ge=3, description="longest ood chain")
     max_subchains: int = Field(3, ge=1, le=3, description="sub-chains joined by binary value operators")
     ood_held_out_pairs: list[str] = Field(
         default_factory=list,
@@ -80,13 +80,13 @@ class BaseModelConfig(Section):
 
     seed: int = Field(0, description="RNG seed for weight init")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
-    vocab_size: int = Field(512, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens)")
+    vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens)")
     hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
     intermediate_size: int = Field(384, ge=16, description="Qwen2 MLP size")
-    num_hidden_layers: int = Field(4, ge=1, description="transformer layers")
+    num_hidden_layers: int = Field(2, ge=1, description="transformer layers")
     num_attention_heads: int = Field(4, ge=1, description="attention heads")
     num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
-    max_position_embeddings: int = Field(512, ge=32, description="longest sequence in tokens")
+    max_position_embeddings: int = Field(1024, ge=32, description="longest sequence in tokens")
 
     @model_validator(mode="after")
     def _heads(self) -> "BaseModelConfig":
@@ -102,16 +102,19 @@ class SFTConfig(Section):
 
     seed: int = Field(0, description="RNG seed for data order and dropout")
     learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
-    num_train_epochs: float = Field(4.0, gt=0, description="passes over the training set")
+    num_train_epochs: float = Field(5.0, gt=0, description="passes over the training set")
     max_steps: int = Field(-1, ge=-1, description="stop after this many optimizer steps (-1: use epochs)")
-    per_device_train_batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
+    per_device_train_batch_size: int = Field(16, ge=1, description="sequences per optimizer step")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     warmup_steps: float = Field(0.03, ge=0, description="linear warm-up: a share of all steps when < 1, else a step count")
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "cosine", description="learning-rate schedule"
     )
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
-    max_length: int = Field(512, ge=16, description="truncate prompt+completion to this many tokens")
+    max_length: int = Field(1024, ge=16, description="truncate prompt+completion to this many tokens")
+    group_by_length: bool = Field(
+        True, description="batch examples of similar length (less padding: about 1.6x faster on the default data)"
+    )
     max_train_samples: int | None = Field(None, ge=1, description="use only the first N training questions")
     max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
     eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")
@@ -122,7 +125,7 @@ class EvaluateConfig(Section):
     """`evaluate`: batched greedy generation on test and ood, graded per question."""
 
     batch_size: int = Field(64, ge=1, description="questions generated together")
-    max_new_tokens: int = Field(256, ge=1, description="generation limit per question, in tokens")
+    max_new_tokens: int = Field(192, ge=1, description="generation limit per question, in tokens")
     max_samples: int | None = Field(None, ge=1, description="evaluate only the first N questions of each split")
     splits: list[Literal["test", "ood", "val"]] = Field(["test", "ood"], min_length=1, description="splits to evaluate")
 

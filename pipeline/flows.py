@@ -47,7 +47,7 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message."""
     from prefect import flow  # imported here: params are validated before Prefect loads
 
-    stage_flow = flow(name=name, log_prints=True, persist_result=False, validate_parameters=False)(body)
+    stage_flow = flow(name=name, persist_result=False, validate_parameters=False)(body)
     with expected_errors():
         return stage_flow(*args)
 

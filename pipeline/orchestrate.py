@@ -30,11 +30,11 @@ def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, float]:
-    """Nested metrics to dotted keys with numeric leaves (the per-split detail is left out)."""
+    """Nested metrics to dotted keys with numeric leaves."""
     out: dict[str, float] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "splits":
+        if isinstance(value, dict):
             out.update(flatten(value, f"{name}."))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = value
@@ -63,7 +63,7 @@ def diff_markdown(rev: str = "HEAD") -> str:
     return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {rev}."
 
 
-@flow(name="repro", log_prints=True, persist_result=False)
+@flow(name="repro", persist_result=False)
 def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool = False, push: bool = False) -> dict:
     """Run `dvc repro` (optionally pull first / push after) and publish the metrics."""
     log = stage_logger()

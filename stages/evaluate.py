@@ -46,7 +46,9 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
     if "ood" in by_split:
         out["accuracy_ood"] = by_split["ood"]["accuracy"]
         out["step_accuracy_ood"] = by_split["ood"]["step_accuracy"]
-    out["splits"] = by_split
+    # The other splits' full breakdowns, one section each ("ood", "val"); test is the flat part above.
+    out.update({split: m for split, m in by_split.items() if split != "test"})
+    out["answer_line_rate"] = test["answer_line_rate"]
     return out
 
 

@@ -38,6 +38,7 @@ def trainer_args(cfg: SFTConfig, output_dir: Path) -> TRLSFTConfig:
         lr_scheduler_type=cfg.lr_scheduler_type,
         weight_decay=cfg.weight_decay,
         max_length=cfg.max_length,
+        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
         completion_only_loss=True,
         eval_strategy="steps",
         eval_steps=cfg.eval_steps,

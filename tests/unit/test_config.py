@@ -25,6 +25,8 @@ def test_repo_params_yaml_is_valid_and_complete():
     for name, model in SECTIONS.items():
         # every field is spelled out in params.yaml, so the file documents the default run
         assert set(raw[name]) == set(model.model_fields), name
+        # ... and the models' defaults are the same embedded default, not a second one
+        assert sections[name] == model(), name
 
 
 def test_unknown_key_is_named(tmp_path):

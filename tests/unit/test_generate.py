@@ -13,7 +13,12 @@ from pipeline.cof.tables import random_table
 from pipeline.config import SynthesizeConfig
 from pipeline.grading import extract_answer, grade, step_accuracy
 
-SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10)
+# The full generator (every chart type, multi-series tables, long chains), not only the
+# narrower distribution that params.yaml picks for the CPU student.
+FULL = dict(chart_types=["bar", "grouped_bar", "stacked_bar", "line", "pie"], max_categories=5, max_series=3,
+            value_max=60, max_chain_length=5, ood_min_chain_length=6, ood_max_chain_length=8)
+SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10, **FULL)
+LARGE = SynthesizeConfig(seed=11, n_train=1200, n_val=100, n_test=100, n_ood=200, **FULL)
 COLUMNS = {
     "id": str, "split": str, "chart_type": str, "table": str, "question": str, "prompt": str, "answer": str,
     "answer_type": str, "functions": list, "groups": list, "steps": list, "rationale": str, "chain_length": int,
@@ -28,7 +33,7 @@ def small():
 
 @pytest.fixture(scope="module")
 def large():
-    return generate_dataset(SynthesizeConfig(seed=11, n_train=1200, n_val=100, n_test=100, n_ood=200))
+    return generate_dataset(LARGE)
 
 
 def all_rows(rows):
@@ -92,7 +97,7 @@ def test_a_table_is_used_once_even_when_drawn_again(monkeypatch):
 
 def test_chain_lengths_per_split(large):
     rows, stats = large
-    cfg = SynthesizeConfig()
+    cfg = LARGE
     for split in ("train", "val", "test"):
         assert all(cfg.min_chain_length <= r["chain_length"] <= cfg.max_chain_length for r in rows[split])
     assert all(cfg.ood_min_chain_length <= r["chain_length"] <= cfg.ood_max_chain_length for r in rows["ood"])
@@ -104,7 +109,7 @@ def test_answer_types_follow_the_weights(large):
     in_domain = [r for s in ("train", "val", "test") for r in rows[s]]
     for group in (in_domain, rows["ood"]):
         share = Counter(r["answer_type"] for r in group)
-        for answer_type, weight in SynthesizeConfig().answer_type_weights.items():
+        for answer_type, weight in LARGE.answer_type_weights.items():
             assert abs(share[answer_type] / len(group) - weight) < 0.05, (answer_type, share)
 
 
@@ -167,7 +172,7 @@ def test_render_is_byte_for_byte_deterministic(small, tmp_path):
     from pipeline.cof.render import render_chart
 
     by_type = {r["chart_type"]: json.loads(r["table"]) for r in all_rows(small[0])}
-    assert set(by_type) == set(SynthesizeConfig().chart_types)
+    assert set(by_type) == set(SMALL.chart_types)
     for chart_type, table in by_type.items():
         a, b = tmp_path / f"{chart_type}-a.png", tmp_path / "x" / f"{chart_type}-b.png"
         render_chart(table, a)

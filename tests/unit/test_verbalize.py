@@ -34,7 +34,7 @@ def build(ctx, plan):
 def examples():
     """(answer_type, Verbalized) for 500 random chains of every answer type and length."""
     rng, rejected, out = random.Random(7), Counter(), []
-    cfg = SynthesizeConfig()
+    cfg = SynthesizeConfig(chart_types=["bar", "grouped_bar", "stacked_bar", "line", "pie"], max_series=3, max_categories=5)
     while len(out) < 500:
         ctx = TableContext(random_table(rng, cfg))
         answer_type = rng.choice(["number", "binary", "text"])
