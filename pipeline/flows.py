@@ -109,12 +109,28 @@ def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator
             time.sleep(0.3)
         yield api_url
     finally:
+        drain_prefect()
         proc.terminate()
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def drain_prefect(timeout: float = 10.0) -> None:
+    """Send the logs and events this process still holds, while the server is up.
+
+    Prefect otherwise drains them at interpreter exit, after the server is gone,
+    and retries against the dead URL for about a minute.
+    """
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout)
 
 
 def publish_table(key: str, rows: list[dict], description: str) -> None:

@@ -91,3 +91,13 @@ def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
     diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)
     changed = diff["params.yaml"]["sft.learning_rate"]
     assert (changed["old"], changed["new"]) == (0.003, 0.002)
+
+
+def test_dvc_exp_run_with_a_changed_param(repo):
+    """`dvc exp run -S` runs an experiment and `dvc exp show` lists its metrics beside the baseline."""
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "lr 0.002"], repo)
+    proc = dvc("exp", "run", "-S", "sft.learning_rate=0.004", "-n", "lr4", cwd=repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft", "sft"]
+    shown = json.dumps(json.loads(dvc("exp", "show", "--json", cwd=repo).stdout))  # normalised spacing
+    assert '"lr4"' in shown and '"learning_rate": 0.004' in shown
