@@ -31,6 +31,7 @@ smoke: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/synthesis.py
 	$(BIN)/python bench/orchestration.py
+	$(BIN)/python bench/sft_step.py
 
 server: $(STAMP)
 	$(BIN)/prefect server start --host 127.0.0.1

@@ -1,0 +1,85 @@
+"""python bench/sft_step.py [--steps 30]
+
+SFT step time, side by side in one process on the same model, data and batch:
+1. the pipeline's SFT (stages.sft.trainer_args: TRL SFTTrainer, CPU settings,
+   length-grouped batches);
+2. raw TRL SFTTrainer with the same settings but random batches;
+3. raw TRL SFTTrainer with TRL's own defaults (bf16 autocast, gradient
+   checkpointing) and `use_cpu=True`, which TRL demands on a machine without CUDA.
+Needs data/synthesize and models/base (run `make run` first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+from trl import SFTConfig as TRLSFTConfig
+from trl import SFTTrainer
+
+from pipeline import paths
+from pipeline.config import load_section
+from pipeline.io import read_rows
+from pipeline.models import load_model
+from pipeline.training import prompt_completion_dataset
+from stages.sft import trainer_args
+
+
+class StepTimer(TrainerCallback):
+    """Wall seconds of every optimizer step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self._start)
+
+
+def median_step(args: TRLSFTConfig, rows: list[dict], warmup: int = 3) -> float:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # each trainer sets its own precision
+    model, tokenizer = load_model(paths.model_dir("base"))
+    timer = StepTimer()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=prompt_completion_dataset(rows),
+                         processing_class=tokenizer, callbacks=[timer])
+    trainer.train()
+    return statistics.median(timer.times[warmup:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    cli = parser.parse_args()
+    cfg = load_section("sft").model_copy(update={"max_steps": cli.steps, "eval_steps": 10**6, "logging_steps": 10**6})
+    rows = read_rows(paths.split_file("train"))
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = trainer_args(cfg, Path(tmp) / "ours")
+        ours.eval_strategy = "no"
+        raw_same = trainer_args(cfg, Path(tmp) / "raw")
+        raw_same.eval_strategy, raw_same.train_sampling_strategy = "no", "random"
+        raw_default = TRLSFTConfig(
+            output_dir=str(Path(tmp) / "default"), max_steps=max(cli.steps // 2, 8), report_to="none",
+            per_device_train_batch_size=cfg.per_device_train_batch_size, learning_rate=cfg.learning_rate,
+            save_strategy="no", seed=cfg.seed, use_cpu=True,  # bf16 and checkpointing stay TRL's defaults
+        )
+        results = {
+            "pipeline SFT": median_step(ours, rows),
+            "raw TRL, same settings, random batches": median_step(raw_same, rows),
+            "raw TRL defaults (bf16, gradient checkpointing)": median_step(raw_default, rows),
+        }
+    base = results["pipeline SFT"]
+    print(f"batch {cfg.per_device_train_batch_size}, median seconds per optimizer step:")
+    for name, seconds in results.items():
+        print(f"  {name:50s} {seconds:.3f} s  ({seconds / base:.2f}x the pipeline)")
+
+
+if __name__ == "__main__":
+    main()
