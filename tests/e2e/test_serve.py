@@ -1,0 +1,40 @@
+"""`python -m pipeline serve` registers the repro flow as a scheduled deployment on the real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, venv_env
+from tests.e2e.test_repro import api_post
+
+pytestmark = pytest.mark.e2e
+
+
+def test_serve_registers_a_cron_deployment(prefect_api):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "serve", "--cron", "15 4 * * *", "--name", "nightly-test"],
+        cwd=ROOT, env=venv_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = [d for d in api_post(prefect_api, "deployments/filter", {}) if d["name"] == "nightly-test"]
+            if found:
+                break
+            time.sleep(0.5)
+        assert found, "no deployment registered within 60 s"
+        assert [s["schedule"]["cron"] for s in found[0]["schedules"]] == ["15 4 * * *"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_without_a_server_fails_clearly():
+    env = {k: v for k, v in venv_env().items() if k != "PREFECT_API_URL"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "serve"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "PREFECT_API_URL is not set" in proc.stderr
