@@ -65,8 +65,6 @@ def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast) -> Q
 def load_model(path: Path | str, dtype: torch.dtype = torch.float32):
     """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1)."""
     path = str(path)
-    if Path(path).is_dir() is False and Path(path).exists() is False and "/" not in path:
-        raise InputError(f"{path}: model folder not found")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

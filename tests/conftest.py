@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,22 @@ TINY_PARAMS = {
             "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3},
     "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"]},
 }
+
+
+# The whole Chain-of-Functions generator (every chart type, multi-series tables, long
+# chains), not only the narrower distribution that params.yaml picks for the CPU student.
+FULL_SYNTHESIS = {
+    "chart_types": ["bar", "grouped_bar", "stacked_bar", "line", "pie"], "max_categories": 5, "max_series": 3,
+    "value_max": 60, "max_chain_length": 5, "ood_min_chain_length": 6, "ood_max_chain_length": 8,
+}
+
+
+def api_post(api_url: str, route: str, body: dict) -> list[dict]:
+    """POST a filter to the Prefect REST API and return the JSON answer."""
+    req = urllib.request.Request(f"{api_url}/{route}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
 
 
 def write_params(folder: Path, params: dict = TINY_PARAMS) -> Path:

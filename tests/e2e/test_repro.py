@@ -10,12 +10,11 @@ import json
 import re
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 import yaml
 
-from tests.conftest import copy_project, venv_env, write_params
+from tests.conftest import api_post, copy_project, venv_env, write_params
 
 pytestmark = pytest.mark.e2e
 
@@ -33,13 +32,6 @@ def dvc(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
 
 def ran_stages(output: str) -> list[str]:
     return sorted(set(re.findall(r"Running stage '([^']+)'", output)))
-
-
-def api_post(api_url: str, route: str, body: dict) -> list[dict]:
-    req = urllib.request.Request(f"{api_url}/{route}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, venv_env
-from tests.e2e.test_repro import api_post
+from tests.conftest import ROOT, api_post, venv_env
 
 pytestmark = pytest.mark.e2e
 

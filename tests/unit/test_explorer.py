@@ -20,9 +20,10 @@ from pipeline.cof.explorer import (
 )
 from pipeline.cof.tables import TableContext, random_table
 from pipeline.config import SynthesizeConfig
+from tests.conftest import FULL_SYNTHESIS
 
 # Multi-series tables of every chart type, so that every function gets explored.
-CFG = SynthesizeConfig(chart_types=["bar", "grouped_bar", "stacked_bar", "line", "pie"], max_series=3, max_categories=5)
+CFG = SynthesizeConfig(**FULL_SYNTHESIS)
 END = {"number": NUM, "binary": BOOL, "text": TEXT}
 
 

@@ -12,13 +12,10 @@ from pipeline.cof.generate import SPLITS, generate_dataset, parse_held_out, task
 from pipeline.cof.tables import random_table
 from pipeline.config import SynthesizeConfig
 from pipeline.grading import extract_answer, grade, step_accuracy
+from tests.conftest import FULL_SYNTHESIS
 
-# The full generator (every chart type, multi-series tables, long chains), not only the
-# narrower distribution that params.yaml picks for the CPU student.
-FULL = dict(chart_types=["bar", "grouped_bar", "stacked_bar", "line", "pie"], max_categories=5, max_series=3,
-            value_max=60, max_chain_length=5, ood_min_chain_length=6, ood_max_chain_length=8)
-SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10, **FULL)
-LARGE = SynthesizeConfig(seed=11, n_train=1200, n_val=100, n_test=100, n_ood=200, **FULL)
+SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10, **FULL_SYNTHESIS)
+LARGE = SynthesizeConfig(seed=11, n_train=1200, n_val=100, n_test=100, n_ood=200, **FULL_SYNTHESIS)
 COLUMNS = {
     "id": str, "split": str, "chart_type": str, "table": str, "question": str, "prompt": str, "answer": str,
     "answer_type": str, "functions": list, "groups": list, "steps": list, "rationale": str, "chain_length": int,

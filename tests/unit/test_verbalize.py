@@ -11,6 +11,7 @@ from pipeline.cof.explorer import Step, explore
 from pipeline.cof.tables import TableContext, random_table
 from pipeline.cof.verbalize import format_prompt, verbalize
 from pipeline.config import SynthesizeConfig
+from tests.conftest import FULL_SYNTHESIS
 from pipeline.grading import STEP_SEPARATORS, extract_answer, extract_steps, grade, step_accuracy, step_value
 
 SALES = {
@@ -34,7 +35,7 @@ def build(ctx, plan):
 def examples():
     """(answer_type, Verbalized) for 500 random chains of every answer type and length."""
     rng, rejected, out = random.Random(7), Counter(), []
-    cfg = SynthesizeConfig(chart_types=["bar", "grouped_bar", "stacked_bar", "line", "pie"], max_series=3, max_categories=5)
+    cfg = SynthesizeConfig(**FULL_SYNTHESIS)
     while len(out) < 500:
         ctx = TableContext(random_table(rng, cfg))
         answer_type = rng.choice(["number", "binary", "text"])
