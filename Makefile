@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/synthesis.py
 	$(BIN)/python bench/orchestration.py
 	$(BIN)/python bench/sft_step.py
+	$(BIN)/python bench/teacher_sampling.py
 
 server: $(STAMP)
 	$(BIN)/prefect server start --host 127.0.0.1

@@ -1,7 +1,7 @@
 """python bench/sft_step.py [--steps 30]
 
 SFT step time, side by side in one process on the same model, data and batch:
-1. the pipeline's SFT (stages.sft.trainer_args: TRL SFTTrainer, CPU settings,
+1. the pipeline's SFT (pipeline.training.trainer_args: TRL SFTTrainer, CPU settings,
    length-grouped batches);
 2. raw TRL SFTTrainer with the same settings but random batches;
 3. raw TRL SFTTrainer with TRL's own defaults (bf16 autocast, gradient
@@ -26,7 +26,7 @@ from pipeline.config import load_section
 from pipeline.io import read_rows
 from pipeline.models import load_model
 from pipeline.training import prompt_completion_dataset
-from stages.sft import trainer_args
+from pipeline.training import trainer_args
 
 
 class StepTimer(TrainerCallback):

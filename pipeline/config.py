@@ -97,8 +97,8 @@ class BaseModelConfig(Section):
         return self
 
 
-class SFTConfig(Section):
-    """`sft`: supervised fine-tuning with TRL's SFTTrainer (loss on the completion only)."""
+class TrainConfig(Section):
+    """Hyperparameters of one TRL SFTTrainer run (loss on the completion only); shared by `sft` and `teacher.train`."""
 
     seed: int = Field(0, description="RNG seed for data order and dropout")
     learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
@@ -121,6 +121,103 @@ class SFTConfig(Section):
     logging_steps: int = Field(20, ge=1, description="log training loss every N steps")
 
 
+class SFTConfig(TrainConfig):
+    """`sft`: supervised fine-tuning of the student, on gold rationales and/or verified teacher traces."""
+
+    source: Literal["gold", "distilled", "mixed"] = Field(
+        "gold", description="training completions: gold rationales, verified teacher traces (data/distill), or both"
+    )
+    curriculum: bool = Field(
+        False, description="after stage 1 (the whole source), a stage 2 on the hard set of data/distill"
+    )
+    stage2_epochs: float = Field(2.0, gt=0, description="curriculum stage 2: passes over the hard set")
+    stage2_learning_rate: float = Field(3e-4, gt=0, lt=1, description="curriculum stage 2: peak learning rate")
+
+
+class TeacherConfig(Section):
+    """`teacher`: the model that writes reasoning traces for distillation.
+
+    The API key of the `openai` backend is read from the environment variable
+    named by `api_key_env`; it never appears in params, logs or outputs.
+    """
+
+    seed: int = Field(0, description="RNG seed (embedded: weight init and data order)")
+    backend: Literal["embedded", "transformers", "openai"] = Field(
+        "embedded",
+        description="embedded: a larger tiny model trained here on gold rationales; transformers: a causal LM "
+        "from `model` (path or Hub id); openai: an OpenAI-compatible endpoint (vLLM, SGLang, a hosted API)",
+    )
+    model: str | None = Field(None, description="transformers: model path or id; openai: the served model name")
+    base_url: str | None = Field(None, description="openai: endpoint root, e.g. http://127.0.0.1:8000/v1")
+    api: Literal["completions", "chat"] = Field("completions", description="openai: which route to call")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="openai: NAME of the environment variable holding the API key (never the key itself)",
+    )
+    concurrency: int = Field(8, ge=1, description="openai: requests in flight at once")
+    timeout_s: float = Field(60.0, gt=0, description="openai: seconds before a request times out (then retried)")
+    max_retries: int = Field(5, ge=0, description="openai: retries with exponential backoff on 429/5xx/timeouts")
+    cache_dir: str = Field(
+        "cache/teacher", description="openai: per-prompt response cache (outside DVC outputs, so a rerun resumes)"
+    )
+    hidden_size: int = Field(192, ge=16, description="embedded: Qwen2 hidden size")
+    intermediate_size: int = Field(576, ge=16, description="embedded: Qwen2 MLP size")
+    num_hidden_layers: int = Field(3, ge=1, description="embedded: transformer layers")
+    num_attention_heads: int = Field(4, ge=1, description="embedded: attention heads")
+    num_key_value_heads: int = Field(2, ge=1, description="embedded: key/value heads (GQA)")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="embedded: SFT on the gold rationales")
+
+    @model_validator(mode="after")
+    def _backend(self) -> "TeacherConfig":
+        if self.backend == "transformers" and not self.model:
+            raise ValueError("backend transformers needs `model` (a path or Hub id)")
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("backend openai needs `base_url` and `model`")
+        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("hidden_size % num_attention_heads and num_attention_heads % num_key_value_heads must be 0")
+        return self
+
+
+class DistillConfig(Section):
+    """`distill`: rejection sampling of teacher traces, difficulty by pass rate, dedup and decontamination."""
+
+    seed: int = Field(0, description="sampling seed")
+    method: Literal["traces", "logits"] = Field(
+        "traces",
+        description="traces: SFT on verified traces only; logits: the sft stage adds on-policy logit distillation "
+        "with TRL's DistillationTrainer (teacher and student must share a tokenizer)",
+    )
+    max_questions: int | None = Field(3000, ge=1, description="training questions sent to the teacher (null: all)")
+    k: int = Field(4, ge=1, description="samples per question (the pass rate is correct / k)")
+    temperature: float = Field(0.8, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    max_new_tokens: int = Field(128, ge=1, description="generation limit per trace, in tokens")
+    batch_size: int = Field(256, ge=1, description="local backends: sequences generated together")
+    max_traces: int = Field(2, ge=1, description="verified traces kept per question (M)")
+    min_step_accuracy: float = Field(
+        1.0, ge=0, le=1, description="a correct answer also needs this share of gold step values in its `Step k:` lines"
+    )
+    hard_min_pass_rate: float = Field(0.2, ge=0, le=1, description="hard set: lowest pass rate (inclusive)")
+    hard_max_pass_rate: float = Field(0.625, ge=0, le=1, description="hard set: highest pass rate (inclusive)")
+    near_duplicate_threshold: float = Field(
+        0.9, gt=0, le=1, description="drop a trace whose word-trigram Jaccard similarity to a kept one is at least this"
+    )
+    ngram: int = Field(8, ge=1, description="decontamination: drop questions sharing a word n-gram with val/test/ood")
+    logit_steps: int = Field(100, ge=1, description="logits: on-policy distillation steps after SFT")
+    logit_beta: float = Field(0.5, ge=0, le=1, description="logits: 0 forward KL, 0.5 JSD, 1 reverse KL")
+    logit_learning_rate: float = Field(3e-4, gt=0, lt=1, description="logits: peak learning rate")
+    logit_max_new_tokens: int = Field(96, ge=1, description="logits: student rollout length")
+    logit_temperature: float = Field(1.0, gt=0, description="logits: rollout and softmax temperature")
+
+    @model_validator(mode="after")
+    def _window(self) -> "DistillConfig":
+        if self.hard_min_pass_rate > self.hard_max_pass_rate:
+            raise ValueError("hard_min_pass_rate must be <= hard_max_pass_rate")
+        if self.max_traces > self.k:
+            raise ValueError("max_traces must be <= k")
+        return self
+
+
 class EvaluateConfig(Section):
     """`evaluate`: batched greedy generation on test and ood, graded per question."""
 
@@ -133,6 +230,8 @@ class EvaluateConfig(Section):
 SECTIONS: dict[str, type[Section]] = {
     "synthesize": SynthesizeConfig,
     "base": BaseModelConfig,
+    "teacher": TeacherConfig,
+    "distill": DistillConfig,
     "sft": SFTConfig,
     "evaluate": EvaluateConfig,
 }
@@ -165,7 +264,9 @@ def _format_errors(path: Path, name: str, exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             lines.append(f"{path}: {key}: unknown key")
         else:
-            lines.append(f"{path}: {key}: {err['msg']} (got {err.get('input')!r})")
+            # a key pasted into api_key_env must not be echoed into logs
+            got = "" if key.endswith("api_key_env") else f" (got {err.get('input')!r})"
+            lines.append(f"{path}: {key}: {err['msg']}{got}")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -63,3 +64,35 @@ def generate(
             text = tokenizer.decode(ids[:n], skip_special_tokens=True)
             results[batch[row // num_return_sequences]].append(Generation(text=text, tokens=n))
     return results
+
+
+class Sampler(Protocol):
+    """A sampling backend: the local model, an OpenAI-compatible endpoint, ...
+
+    `sample` returns, for each prompt and in the caller's order, `n` completions;
+    temperature 0 means greedy decoding (then n must be 1).
+    """
+
+    name: str
+
+    def sample(
+        self, prompts: Sequence[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int
+    ) -> list[list[Generation]]: ...
+
+
+class LocalSampler:
+    """A transformers causal LM in this process, sampled in length-sorted batches."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, name: str = "local") -> None:
+        self.model, self.tokenizer, self.batch_size, self.name = model, tokenizer, batch_size, name
+
+    def sample(
+        self, prompts: Sequence[str], *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+        max_new_tokens: int = 192, seed: int = 0,
+    ) -> list[list[Generation]]:
+        # batch_size counts sequences, so K samples per prompt means batch_size // K prompts per batch
+        return generate(
+            self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
+            batch_size=max(1, self.batch_size // n), do_sample=temperature > 0, temperature=temperature,
+            top_p=top_p, num_return_sequences=n, seed=seed,
+        )

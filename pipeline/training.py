@@ -1,12 +1,16 @@
-"""Shared pieces of the TRL training stages: datasets, dvclive logging, weight checks."""
+"""Shared pieces of the TRL training stages: the SFT run itself, datasets, dvclive logging, weight checks."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from datasets import Dataset
+from trl import SFTConfig as TRLSFTConfig
+
+from pipeline.config import TrainConfig
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:
@@ -47,4 +51,110 @@ def device_kwargs() -> dict:
         "use_cpu": not cuda,
         "bf16": cuda and torch.cuda.is_bf16_supported(),
         "gradient_checkpointing": False,
+    }
+
+
+def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfig:
+    """TRL SFTConfig from a params section; `overrides` for a curriculum phase (e.g. its learning rate)."""
+    args = dict(
+        output_dir=str(output_dir),
+        seed=cfg.seed,
+        learning_rate=cfg.learning_rate,
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        weight_decay=cfg.weight_decay,
+        max_length=cfg.max_length,
+        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
+        completion_only_loss=True,
+        eval_strategy="steps",
+        eval_steps=cfg.eval_steps,
+        logging_steps=cfg.logging_steps,
+        save_strategy="no",  # DVC keeps the one model that matters; no checkpoints
+        report_to="none",  # dvclive is attached explicitly, with its folder
+        dataloader_num_workers=0,
+        **device_kwargs(),
+    )
+    args.update(overrides)
+    return TRLSFTConfig(**args)
+
+
+def sft_train(
+    cfg: TrainConfig, model, tokenizer, train_rows: Sequence[dict], val_rows: Sequence[dict], work_dir: Path,
+    live_dir: Path, **overrides,
+) -> dict:
+    """One TRL SFTTrainer run in place on (prompt, rationale) rows; returns its summary metrics."""
+    from trl import SFTTrainer
+
+    train = prompt_completion_dataset(train_rows[: cfg.max_train_samples])
+    val = prompt_completion_dataset(val_rows[: cfg.max_eval_samples])
+    before = snapshot(model)
+    trainer = SFTTrainer(
+        model=model,
+        args=trainer_args(cfg, work_dir, **overrides),
+        train_dataset=train,
+        eval_dataset=val,
+        processing_class=tokenizer,
+        callbacks=[dvclive_callback(live_dir)],
+    )
+    start = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - start
+    final_eval = trainer.evaluate()
+    # TRL logs the running count of trained (non-padding) tokens as `num_tokens`.
+    tokens = max((log.get("num_tokens", 0) for log in trainer.state.log_history), default=0)
+    return {
+        "train_loss": round(result.training_loss, 4),
+        "eval_loss": round(final_eval["eval_loss"], 4),
+        "steps": result.global_step,
+        "examples": len(train),
+        "train_seconds": round(seconds, 1),
+        "tokens_per_second": round(tokens / seconds, 1),
+        "weights_changed": round(weights_changed(before, model), 3),
+    }
+
+
+def logit_distill(
+    cfg, model, teacher, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path, *, seed: int,
+    batch_size: int,
+) -> dict:
+    """On-policy logit distillation (TRL's DistillationTrainer): the student samples, the teacher scores.
+
+    Needs a shared tokenizer; `cfg` is the `distill` params section (logit_* fields).
+    """
+    from trl import DistillationConfig, DistillationTrainer
+
+    args = DistillationConfig(
+        output_dir=str(work_dir),
+        seed=seed,
+        learning_rate=cfg.logit_learning_rate,
+        max_steps=cfg.logit_steps,
+        per_device_train_batch_size=batch_size,
+        max_completion_length=cfg.logit_max_new_tokens,
+        temperature=cfg.logit_temperature,
+        beta=cfg.logit_beta,
+        logging_steps=max(1, cfg.logit_steps // 20),
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        **device_kwargs(),
+    )
+    dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in rows]})
+    before = snapshot(model)
+    trainer = DistillationTrainer(
+        model=model, teacher_model=teacher, args=args, train_dataset=dataset, processing_class=tokenizer,
+        callbacks=[dvclive_callback(live_dir)],
+    )
+    start = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - start
+    return {
+        "train_loss": round(result.training_loss, 4),
+        "steps": result.global_step,
+        "train_seconds": round(seconds, 1),
+        "weights_changed": round(weights_changed(before, model), 3),
     }

@@ -1,6 +1,6 @@
 """python -m stages.evaluate --model sft
 
-Batched greedy generation on the test and ood questions, graded with
+Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded with
 pipeline/grading.py. Writes metrics/evaluate/<model>.json (accuracy, accuracy_ood,
 step accuracy, breakdowns, cost, the majority baseline), the graded generations
 in data/evaluate/<model>/ and accuracy-by-task-type plots in plots/evaluate/<model>/.
@@ -15,19 +15,19 @@ from pipeline import paths
 from pipeline.config import EvaluateConfig, load_section
 from pipeline.evaluation import majority_baseline, score, summarize
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.generation import generate
+from pipeline.generation import Sampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
 from pipeline.plots import bar_chart
 
 
-def run(cfg: EvaluateConfig, model, tokenizer, rows_by_split: dict[str, list[dict]]) -> tuple[dict, list[dict]]:
+def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dict]]) -> tuple[dict, list[dict]]:
     """Generate and grade every split; returns (metrics by split, graded records)."""
     records, by_split = [], {}
     for split, rows in rows_by_split.items():
         rows = rows[: cfg.max_samples]
         start = time.perf_counter()
-        generations = generate(
-            model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size
+        generations = sampler.sample(
+            [r["prompt"] for r in rows], n=1, temperature=0.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens, seed=0
         )
         seconds = time.perf_counter() - start
         graded = [score(row, gens[0].text, gens[0].tokens) for row, gens in zip(rows, generations)]
@@ -53,14 +53,13 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
 
 
 def _flow(cfg: EvaluateConfig, model_name: str) -> None:
-    from pipeline.models import load_model
+    from pipeline.teacher import load_sampler
 
     split_files = {split: paths.split_file(split) for split in cfg.splits}
     rows_by_split = {s: read_rows(f, required=EXAMPLE_COLUMNS) for s, f in split_files.items()}
     train_rows = read_rows(paths.split_file("train"), required=("answer", "answer_type"))
     model_dir = paths.model_dir(model_name)
-    model, tokenizer = load_model(model_dir)
-    by_split, records = run(cfg, model, tokenizer, rows_by_split)
+    by_split, records = run(cfg, load_sampler(model_dir, cfg.batch_size), rows_by_split)
     metrics = headline(by_split, majority_baseline(train_rows, rows_by_split.get("test", records)))
     stage_logger().info(
         "%s: accuracy %.3f (majority baseline %.3f), ood %s",

@@ -20,6 +20,13 @@ TINY_PARAMS = {
     "synthesize": {"seed": 0, "n_train": 240, "n_val": 24, "n_test": 40, "n_ood": 24, "render_charts": 2},
     "base": {"seed": 0, "vocab_size": 320, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512},
+    "teacher": {"seed": 0, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "num_key_value_heads": 1,
+                "train": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,
+                          "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3}},
+    # min_step_accuracy 0: a 12-step teacher gets some yes/no answers right, never whole chains
+    "distill": {"seed": 0, "max_questions": 48, "k": 4, "max_new_tokens": 48, "batch_size": 64,
+                "min_step_accuracy": 0.0, "logit_steps": 2, "logit_max_new_tokens": 16},
     "sft": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,
             "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3},
     "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"]},

@@ -47,16 +47,19 @@ def repo(tmp_path_factory, prefect_api):
 def test_repro_builds_everything(repo, prefect_api):
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
     out = proc.stdout + proc.stderr
-    assert ran_stages(out) == ["base", "evaluate@sft", "sft", "synthesize"]
-    for path in ("data/synthesize/test.parquet", "models/base/model.safetensors", "models/sft/model.safetensors",
-                 "data/evaluate/sft/predictions.parquet", "metrics/evaluate/sft.json", "dvc.lock"):
+    assert ran_stages(out) == ["base", "distill", "evaluate@sft", "evaluate@teacher", "sft", "synthesize", "teacher"]
+    for path in ("data/synthesize/test.parquet", "models/base/model.safetensors", "models/teacher/model.safetensors",
+                 "data/distill/train.parquet", "data/distill/hard.parquet", "data/distill/pairs.parquet",
+                 "metrics/distill.json", "plots/distill/pass_rate.png", "models/sft/model.safetensors",
+                 "data/evaluate/sft/predictions.parquet", "metrics/evaluate/sft.json",
+                 "metrics/evaluate/teacher.json", "dvc.lock"):
         assert (repo / path).exists(), path
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
     metrics = shown[""]["data"]["metrics/evaluate/sft.json"]["data"]  # "" is the workspace
     assert 0 <= metrics["accuracy"] <= 1 and "accuracy_ood" in metrics
     # every stage ran as a flow on the shared server, and the orchestrator published the metrics
     flows = {f["name"] for f in api_post(prefect_api, "flows/filter", {})}
-    assert {"repro", "synthesize", "base", "sft", "evaluate"} <= flows
+    assert {"repro", "synthesize", "base", "teacher", "distill", "sft", "evaluate"} <= flows
     keys = {a["key"] for a in api_post(prefect_api, "artifacts/filter", {})}
     assert {"pipeline-metrics", "pipeline-metrics-diff"} <= keys
 
@@ -83,6 +86,21 @@ def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
     diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)
     changed = diff["params.yaml"]["sft.learning_rate"]
     assert (changed["old"], changed["new"]) == (0.003, 0.002)
+
+
+def test_distill_params_split_between_sampling_and_sft(repo):
+    """distill.k re-samples (not the teacher); distill.logit_steps only matters to sft."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["distill"]["logit_steps"] = 3
+    write_params(repo, params)
+    assert list(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["sft"]
+    params["distill"]["k"] = 3
+    write_params(repo, params)
+    assert sorted(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["distill", "sft"]
+    proc = dvc("repro", cwd=repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ["distill", "evaluate@sft", "sft"]
+    distilled = json.loads((repo / "metrics/distill.json").read_text())
+    assert distilled["samples"] == 3 * distilled["questions_sampled"]
 
 
 def test_dvc_exp_run_with_a_changed_param(repo):

@@ -66,6 +66,50 @@ def test_base(workspace):
     assert metrics["vocab_size"] <= TINY_PARAMS["base"]["vocab_size"]
 
 
+def test_teacher_is_larger_and_trained(workspace):
+    from stages import teacher
+
+    teacher.main()
+    metrics = json.loads(paths.metrics_file("teacher").read_text())
+    base = json.loads(paths.metrics_file("base").read_text())
+    assert metrics["backend"] == "embedded" and metrics["parameters"] > base["parameters"]
+    assert metrics["steps"] == TINY_PARAMS["teacher"]["train"]["max_steps"] and metrics["weights_changed"] == 1.0
+    student_tok = json.loads((paths.model_dir("base") / "tokenizer.json").read_text())
+    teacher_tok = json.loads((paths.model_dir("teacher") / "tokenizer.json").read_text())
+    assert teacher_tok["model"]["vocab"] == student_tok["model"]["vocab"]  # shared: logit distillation works
+    assert (paths.live_dir("teacher") / "plots" / "metrics" / "loss.tsv").exists()
+
+
+def test_distill_outputs_are_consistent(workspace):
+    from pipeline.distill import contaminated, eval_ngrams
+    from stages import distill
+
+    distill.main()
+    p = TINY_PARAMS["distill"]
+    metrics = json.loads(paths.metrics_file("distill").read_text())
+    n = metrics["questions_sampled"]
+    assert 0 < n <= p["max_questions"] and metrics["samples"] == p["k"] * n
+    assert sum(metrics["pass_rate_histogram"].values()) == n
+    assert metrics["teacher_tokens"] > 0 and metrics["teacher_seconds"] > 0
+    traces = read_rows(paths.split_file("train", "distill"), required=(*EXAMPLE_COLUMNS, "pass_rate"))
+    rates = read_rows(paths.split_file("pass_rates", "distill"))
+    hard = read_rows(paths.split_file("hard", "distill"))
+    pairs = read_rows(paths.split_file("pairs", "distill"), required=("prompt", "chosen", "rejected", "source"))
+    assert len(rates) == n and len(traces) == metrics["traces_kept"] and len(pairs) == metrics["preference_pairs"]
+    correct = sum(r["correct"] for r in rates)
+    assert metrics["acceptance_rate"] == pytest.approx(correct / metrics["samples"], abs=1e-4)
+    # every sample is either kept or removed for a named reason
+    assert metrics["traces_kept"] + sum(metrics["traces_removed"].values()) == metrics["samples"]
+    by_id = {r["id"]: r for r in rates}
+    assert all(t["pass_rate"] == by_id[t["id"]]["pass_rate"] > 0 for t in traces)
+    assert all(0.2 <= h["pass_rate"] <= 0.625 for h in hard)
+    assert all(p_["chosen"] != p_["rejected"] and p_["source"] == "teacher" for p_ in pairs)
+    evals = [r for s in ("val", "test", "ood") for r in read_rows(paths.split_file(s))]
+    index = eval_ngrams(evals, 8)
+    assert not any(contaminated(r["question"], index, 8) for r in traces)
+    assert (paths.live_dir("distill") / "pass_rate.png").exists()
+
+
 def test_sft_changes_the_weights(workspace):
     from stages import sft
 
@@ -82,9 +126,37 @@ def test_sft_changes_the_weights(workspace):
     assert (paths.live_dir("sft") / "plots" / "metrics" / "eval" / "loss.tsv").exists()
 
 
+def test_sft_mixed_source_with_curriculum_and_logits(workspace):
+    """sft.source=mixed, the curriculum's stage 2 and on-policy logit distillation, in one stage run."""
+    import yaml
+
+    from stages import sft
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    hard = read_rows(paths.split_file("hard", "distill"))
+    distilled = read_rows(paths.split_file("train", "distill"))
+    try:
+        write_params(Path("."), {**params, "sft": {**params["sft"], "source": "mixed", "curriculum": True},
+                                 "distill": {**params["distill"], "method": "logits"}})
+        sft.main()
+        metrics = json.loads(paths.metrics_file("sft").read_text())
+    finally:
+        write_params(Path("."), params)
+    assert metrics["source"] == "mixed"
+    assert metrics["examples"] == TINY_PARAMS["synthesize"]["n_train"] + len(distilled)
+    assert metrics["stage2"]["examples"] == len(hard)
+    if hard:
+        assert metrics["stage2"]["weights_changed"] == 1.0
+    assert metrics["logits"]["steps"] == TINY_PARAMS["distill"]["logit_steps"]
+    assert metrics["logits"]["weights_changed"] > 0
+    sft.main()  # back to the default (gold, no curriculum) for the stages below
+
+
 def test_evaluate(workspace):
     from stages import evaluate
 
+    evaluate.main(["--model", "teacher"])
+    assert json.loads(paths.eval_metrics_file("teacher").read_text())["accuracy"] >= 0.0
     evaluate.main(["--model", "sft"])
     metrics = json.loads(paths.eval_metrics_file("sft").read_text())
     for key in ("accuracy", "accuracy_ood", "step_accuracy", "by_answer_type", "by_task_type", "by_chain_length",
@@ -117,3 +189,48 @@ def test_corrupted_input_fails_naming_the_file(workspace, capsys):
     # the previous output is untouched and no temporary folder is left
     assert (paths.model_dir("base") / "model.safetensors").read_bytes() == model_before
     assert [p.name for p in paths.MODELS.iterdir() if p.name.startswith(".")] == []
+
+
+def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
+    """teacher.backend=openai against the real loopback server serving the trained tiny teacher:
+    distill samples over HTTP, a rerun is answered from the cache, the key is in no written file."""
+    import shutil
+    import threading
+
+    import yaml
+
+    from pipeline.models import load_model
+    from pipeline.openai_server import make_server
+    from stages import distill, evaluate, teacher
+
+    secret = "sk-stage-test-SECRET-987"
+    monkeypatch.setenv("STAGE_TEACHER_KEY", secret)
+    served = load_model(paths.model_dir("teacher"))
+    server = make_server(*served, api_key=secret)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    folder = workspace / "api_teacher"
+    shutil.copytree(paths.stage_data("synthesize"), folder / paths.stage_data("synthesize"))
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    params["teacher"] = {"backend": "openai", "base_url": server.url, "model": "local",
+                         "api_key_env": "STAGE_TEACHER_KEY", "concurrency": 4, "timeout_s": 30}
+    params["evaluate"] = {**params["evaluate"], "splits": ["test"]}
+    write_params(folder, params)
+    monkeypatch.chdir(folder)
+    try:
+        teacher.main()
+        distill.main()
+        first = json.loads(paths.metrics_file("distill").read_text())
+        distill.main()
+        second = json.loads(paths.metrics_file("distill").read_text())
+        evaluate.main(["--model", "teacher"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    n = first["questions_sampled"]
+    assert first["teacher"] == "openai:local" and first["teacher_requests"]["prompts_requested"] == n
+    assert second["teacher_requests"]["cache_hits"] == n and second["teacher_requests"]["requests"] == 0
+    assert second["traces_kept"] == first["traces_kept"]  # same answers from the cache
+    assert json.loads(paths.eval_metrics_file("teacher").read_text())["accuracy"] >= 0.0
+    written = [p for p in folder.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".sqlite" for p in written)
+    assert [p for p in written if secret.encode() in p.read_bytes()] == []

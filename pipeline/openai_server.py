@@ -1,0 +1,260 @@
+"""A minimal OpenAI-compatible HTTP server around a local causal LM (the pipeline's saved models).
+
+    python -m pipeline.openai_server models/sft --port 8000 [--host 127.0.0.1] [--api-key-env VAR]
+
+Routes: `POST /v1/completions`, `POST /v1/chat/completions` (the message contents
+concatenated are the prompt: the tiny tokenizer has no chat template) and
+`GET /v1/models`. No streaming, no `stop` sequences. One model call at a time
+(a lock), each prompt decoded alone with `pipeline.generation.generate`, so a
+greedy answer equals `generate` on that prompt in-process. Serves the embedded
+teacher over HTTP, and the tests of `pipeline.openai_backend`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pipeline.generation import generate
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+# Called with each request's parsed body (after the key check): None to answer normally,
+# an int to answer with that HTTP status instead (e.g. 500), a float to sleep that many seconds first.
+BeforeRequest = Callable[[dict], int | float | None]
+
+
+class RequestError(Exception):
+    """An error answered in OpenAI's schema: {"error": {"message", "type", "code"}}."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+class OpenAIServer(ThreadingHTTPServer):
+    daemon_threads = True  # idle keep-alive connections must not keep the process alive
+
+    def __init__(self, address, model, tokenizer, model_name: str, api_key: str | None,
+                 before_request: BeforeRequest | None) -> None:
+        super().__init__(address, _Handler)
+        self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+        self.api_key, self.before_request = api_key, before_request
+        self.model_lock = threading.Lock()  # one generate() at a time: the model and torch's RNG are shared
+
+    @property
+    def url(self) -> str:
+        """The base URL an OpenAI client takes, e.g. http://127.0.0.1:8000/v1."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+
+def make_server(
+    model, tokenizer, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+    before_request: BeforeRequest | None = None, model_name: str = "local",
+) -> OpenAIServer:
+    """A bound server, not yet serving: call `serve_forever()` (port 0 picks a free port: `server_address`)."""
+    return OpenAIServer((host, port), model, tokenizer, model_name, api_key, before_request)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: OpenAIServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as the client's connection pool expects
+    timeout = 300  # seconds an idle keep-alive connection is kept open
+
+    def do_GET(self) -> None:
+        self._answer(self._models)
+
+    def do_POST(self) -> None:
+        self._answer(self._complete)
+
+    def _answer(self, route: Callable[[], dict]) -> None:
+        try:
+            status, body = 200, route()
+        except RequestError as exc:
+            status, body = exc.status, {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
+        except Exception as exc:  # a bug or a model error: the client sees a 500 and may retry
+            log.exception("request failed")
+            status, body = 500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error",
+                                           "code": 500}}
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout) meanwhile
+            self.close_connection = True
+
+    def _models(self) -> dict:
+        if self.path.rstrip("/") != "/v1/models":
+            raise RequestError(404, f"no route GET {self.path}", "not_found_error")
+        self._check_key()
+        return {"object": "list", "data": [{"id": self.server.model_name, "object": "model", "created": 0,
+                                            "owned_by": "pipeline"}]}
+
+    def _complete(self) -> dict:
+        route = self.path.rstrip("/")
+        if route not in ("/v1/completions", "/v1/chat/completions"):
+            self._read_body()  # keep the connection usable
+            raise RequestError(404, f"no route POST {self.path}", "not_found_error")
+        body = self._read_body()
+        self._check_key()
+        hook = self.server.before_request(body) if self.server.before_request else None
+        if isinstance(hook, int):
+            raise RequestError(hook, f"injected fault: HTTP {hook}", "server_error")
+        if isinstance(hook, float):
+            time.sleep(hook)
+        chat = route == "/v1/chat/completions"
+        prompts = [_chat_prompt(body.get("messages"))] if chat else _prompts(body.get("prompt"))
+        return self._generate(body, prompts, chat)
+
+    def _generate(self, body: dict, prompts: list[str], chat: bool) -> dict:
+        if body.get("model") != self.server.model_name:
+            raise RequestError(404, f"The model `{body.get('model')}` does not exist.", "not_found_error")
+        if body.get("stream"):
+            raise RequestError(400, "stream is not supported")
+        if body.get("stop"):
+            raise RequestError(400, "stop sequences are not supported")
+        n = _number(body, "n", 1, int, 1, 128)
+        max_tokens = _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
+                             else "max_tokens", DEFAULT_MAX_TOKENS, int, 1, 1 << 20)
+        temperature = _number(body, "temperature", 1.0, float, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, float, 1e-9, 1.0)
+        seed = _number(body, "seed", 0, int, -(1 << 63), 1 << 64)
+        if temperature == 0 and n > 1:
+            raise RequestError(400, "n > 1 needs temperature > 0 (greedy decoding gives one completion)")
+        tok = self.server.tokenizer
+        with self.server.model_lock:
+            outputs = [generate(self.server.model, tok, [p], max_new_tokens=max_tokens, do_sample=temperature > 0,
+                                temperature=temperature, top_p=top_p, num_return_sequences=n, seed=seed or 0,
+                                progress=False)[0] for p in prompts]
+        choices = []
+        for i, gen in enumerate(g for out in outputs for g in out):
+            # "stop" when the model ended before the limit (an EOS on the very last token reads "length")
+            choice = {"index": i, "finish_reason": "length" if gen.tokens >= max_tokens else "stop", "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": gen.text}
+            else:
+                choice["text"] = gen.text
+            choices.append(choice)
+        prompt_tokens = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+        completion_tokens = sum(gen.tokens for out in outputs for gen in out)
+        return {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.server.model_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+    def _read_body(self) -> dict:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise RequestError(411, "Content-Length is required")
+        raw = self.rfile.read(int(length))
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as exc:
+            raise RequestError(400, f"body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "body must be a JSON object")
+        return body
+
+    def _check_key(self) -> None:
+        """Only when the server has a key; the answer never echoes what was sent."""
+        if self.server.api_key is None:
+            return
+        sent = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {self.server.api_key}".encode()):
+            raise RequestError(401, "Incorrect API key provided.", "invalid_api_key")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)  # the request line only, never headers
+
+
+def _prompts(prompt: Any) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return prompt
+    raise RequestError(400, "prompt must be a string or a non-empty list of strings")
+
+
+def _chat_prompt(messages: Any) -> str:
+    """The message contents concatenated, text parts included; roles are dropped."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "messages must be a non-empty list")
+    parts = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(content, str):
+            raise RequestError(400, "each message needs a string content (or text parts)")
+        parts.append(content)
+    return "".join(parts)
+
+
+def _number(body: dict, name: str, default: Any, kind: type, low: float, high: float) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise RequestError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, not {value!r}")
+    if not low <= value <= high:
+        raise RequestError(400, f"{name} must be between {low} and {high}, not {value!r}")
+    return kind(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pipeline.io import InputError
+    from pipeline.models import load_model
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.openai_server", description=__doc__.split("\n")[0])
+    parser.add_argument("model_dir", help="a folder saved by the pipeline (or a Hugging Face id)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key-env", help="require `Authorization: Bearer <key>`, the key read from this variable")
+    parser.add_argument("--served-model-name", help="the `model` clients send (default: model_dir as given)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            print(f"error: --api-key-env {args.api_key_env}: the variable is not set", file=sys.stderr)
+            raise SystemExit(2)
+    try:
+        model, tokenizer = load_model(args.model_dir)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    name = args.served_model_name or args.model_dir
+    server = make_server(model, tokenizer, args.host, args.port, api_key=api_key, model_name=name)
+    log.info("serving %s at %s%s", name, server.url, " (API key required)" if api_key else "")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""python -m stages.teacher
+
+The teacher that writes reasoning traces for distillation (`teacher.backend`):
+
+- embedded (default, offline): a Qwen2 larger than the student, sharing the
+  student's tokenizer (so logit distillation is possible), trained on the gold
+  rationales with the same SFT code path as the student;
+- transformers: a reference to a causal LM path or Hub id;
+- openai: a reference to an OpenAI-compatible endpoint (the API key stays in
+  the environment variable named by `api_key_env`).
+
+Writes models/teacher/ and metrics/teacher.json (training curves: plots/teacher/).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from transformers import AutoTokenizer
+
+from pipeline import paths
+from pipeline.config import BaseModelConfig, TeacherConfig, load_section
+from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
+from pipeline.models import build_student, count_parameters, save_model
+from pipeline.training import sft_train
+
+REFERENCE_FIELDS = {
+    "transformers": ("model",),
+    "openai": ("model", "base_url", "api", "api_key_env", "concurrency", "timeout_s", "max_retries", "cache_dir"),
+}
+
+
+def build(cfg: TeacherConfig, tokenizer):
+    """The untrained embedded teacher: the student's architecture at the teacher's size."""
+    size = BaseModelConfig(
+        seed=cfg.seed, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+    )
+    return build_student(size, tokenizer)
+
+
+def _train_embedded(cfg: TeacherConfig) -> None:
+    train_file, val_file = paths.split_file("train"), paths.split_file("val")
+    train_rows = read_rows(train_file, required=("prompt", "rationale"))
+    val_rows = read_rows(val_file, required=("prompt", "rationale"))
+    tokenizer = AutoTokenizer.from_pretrained(str(paths.model_dir("base")))
+    model = build(cfg, tokenizer)
+    with atomic_dir(paths.model_dir("teacher")) as out, atomic_dir(paths.live_dir("teacher")) as live:
+        metrics = sft_train(cfg.train, model, tokenizer, train_rows, val_rows, out / ".trainer", live)
+        metrics = {"backend": "embedded", "parameters": count_parameters(model), **metrics}
+        stage_logger().info("teacher: %s", metrics)
+        shutil.rmtree(out / ".trainer", ignore_errors=True)
+        save_model(model, tokenizer, out)
+        write_manifest(
+            out, "teacher", cfg, inputs=[paths.model_dir("base"), train_file, val_file], name=paths.MODEL_MANIFEST,
+            metrics=metrics,
+        )
+    write_json(paths.metrics_file("teacher"), metrics)
+
+
+def _reference(cfg: TeacherConfig) -> None:
+    record = {"backend": cfg.backend, **{k: getattr(cfg, k) for k in REFERENCE_FIELDS[cfg.backend]}}
+    with atomic_dir(paths.model_dir("teacher")) as out:
+        write_manifest(out, "teacher", cfg, name=paths.MODEL_MANIFEST, teacher_backend=record)
+    # The live folder is a declared output; an external teacher has no curves.
+    with atomic_dir(paths.live_dir("teacher")):
+        pass
+    metrics = {"backend": cfg.backend}
+    stage_logger().info("teacher: %s %s", cfg.backend, cfg.model)
+    write_json(paths.metrics_file("teacher"), metrics)
+
+
+def _flow(cfg: TeacherConfig) -> None:
+    if cfg.backend == "embedded":
+        _train_embedded(cfg)
+    else:
+        _reference(cfg)
+
+
+def main() -> None:
+    with expected_errors():
+        cfg = load_section("teacher", TeacherConfig)
+    run_stage("teacher", _flow, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""OpenAISampler against the real loopback server around a saved tiny model: APIs, retries, cache, key hygiene."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from pipeline.config import BaseModelConfig
+from pipeline.generation import Generation, generate
+from pipeline.io import InputError
+from pipeline.models import build_student, load_model, save_model, train_tokenizer
+from pipeline.openai_backend import OpenAISampler, TeacherRequestError
+from pipeline.openai_server import make_server
+
+PROMPTS = ["Question: what is 3+4?\n", "Question: what is 12-5?\n", "Question: what is 2*9?\n"]
+SECRET = "sk-test-SECRET-123"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Qwen2 and its tokenizer, saved as the pipeline saves models and loaded back."""
+    texts = [f"Question: what is {a}+{b}?\nStep 1: {a} + {b} = {a + b}.\nAnswer: {a + b}"
+             for a in range(20) for b in range(15)]
+    tok = train_tokenizer(texts, 320)
+    cfg = BaseModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    folder = tmp_path_factory.mktemp("tiny_model")
+    model = build_student(cfg, tok)
+    with torch.no_grad():  # the default 0.02 init answers every prompt alike; wide weights make answers differ
+        for param in model.parameters():
+            param.normal_(0.0, 0.5)
+    save_model(model, tok, folder)
+    return load_model(folder)
+
+
+class Faults:
+    """The server's before_request hook: counts requests per prompt, answers a prompt's first
+    requests with the faults planned for it (an int status, or a float delay in seconds)."""
+
+    def __init__(self, plan: dict[str, list[int | float]] | None = None) -> None:
+        self.plan = {p: list(f) for p, f in (plan or {}).items()}
+        self.seen: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict) -> int | float | None:
+        prompt = body["prompt"] if "prompt" in body else "".join(m["content"] for m in body["messages"])
+        with self.lock:
+            self.seen[prompt] += 1
+            todo = self.plan.get(prompt)
+            return todo.pop(0) if todo else None
+
+
+@contextlib.contextmanager
+def serving(tiny, **kwargs):
+    model, tok = tiny
+    server = make_server(model, tok, **kwargs)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def expected(tiny, prompts, **kwargs) -> list[list[Generation]]:
+    """What the server's generate gives, in-process, prompt by prompt."""
+    model, tok = tiny
+    return [generate(model, tok, [p], max_new_tokens=8, progress=False, **kwargs)[0] for p in prompts]
+
+
+def texts(results):
+    return [[g.text for g in gens] for gens in results]
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_n_completions_per_prompt_in_order_and_greedy_matches_generate(tiny, api):
+    with serving(tiny) as server:
+        sampler = OpenAISampler(server.url, "local", api=api, concurrency=3)
+        greedy = sampler.sample(PROMPTS, n=1, temperature=0.0, max_new_tokens=8, seed=0)
+        sampled = sampler.sample(PROMPTS, n=3, temperature=1.0, top_p=0.9, max_new_tokens=8, seed=7)
+    want = expected(tiny, PROMPTS)
+    assert len({gens[0].text for gens in want}) > 1  # distinct answers, so the order is checked
+    assert greedy == want  # texts and token counts (n=1: usage is exact)
+    assert texts(sampled) == texts(expected(tiny, PROMPTS, do_sample=True, temperature=1.0, top_p=0.9,
+                                            num_return_sequences=3, seed=7))
+    assert all(len(gens) == 3 and all(1 <= g.tokens <= 8 for g in gens) for gens in sampled)
+    assert sampler.name == "openai:local"
+    stats = sampler.stats
+    assert stats["requests"] == stats["prompts_requested"] == 6 and stats["http_errors"] == 0
+    assert stats["completion_tokens"] == sum(g.tokens for gens in greedy + sampled for g in gens)
+
+
+def test_server_errors_and_timeouts_are_retried(tiny):
+    # the first prompt gets two 500s, the second one answer slower than the client's 1 s timeout
+    faults = Faults({PROMPTS[0]: [500, 500], PROMPTS[1]: [2.5]})
+    with serving(tiny, before_request=faults) as server:
+        sampler = OpenAISampler(server.url, "local", timeout_s=1.0, max_retries=3, concurrency=3)
+        results = sampler.sample(PROMPTS, temperature=0.0, max_new_tokens=8, seed=0)
+    assert results == expected(tiny, PROMPTS)
+    assert faults.seen[PROMPTS[0]] >= 3 and faults.seen[PROMPTS[1]] >= 2 and faults.seen[PROMPTS[2]] >= 1
+    assert sum(faults.seen.values()) > len(PROMPTS)
+    assert sampler.stats["http_errors"] >= 2 and sampler.status_counts[500] == 2
+    assert sampler.stats["requests"] >= sum(faults.seen.values())  # the timed-out request was sent too
+
+
+def test_failed_prompts_raise_and_a_rerun_requests_only_them(tiny, tmp_path):
+    prompts = PROMPTS + ["Question: what is 7+7?\n"]
+    bad = [prompts[1], prompts[3]]
+    cache = tmp_path / "cache" / "teacher.sqlite"
+    faults = Faults({p: [503] * 10 for p in bad})  # more failures than max_retries
+    with serving(tiny, before_request=faults) as server:
+        sampler = OpenAISampler(server.url, "local", max_retries=1, concurrency=2, cache_path=cache)
+        with pytest.raises(TeacherRequestError) as err:
+            sampler.sample(prompts, temperature=0.0, max_new_tokens=8, seed=0)
+        assert isinstance(err.value, InputError)
+        message = str(err.value)
+        assert "2 of 4 prompts failed" in message and "HTTP 503" in message and str(cache) in message
+        assert faults.seen == {prompts[0]: 1, prompts[1]: 2, prompts[2]: 1, prompts[3]: 2}
+        assert sampler.stats["prompts_failed"] == 2
+
+        faults.plan.clear()  # the server heals; same URL, so the same cache keys
+        faults.seen.clear()
+        rerun = OpenAISampler(server.url, "local", max_retries=1, concurrency=2, cache_path=cache)
+        results = rerun.sample(prompts, temperature=0.0, max_new_tokens=8, seed=0)
+    assert faults.seen == {prompts[1]: 1, prompts[3]: 1}
+    assert results == expected(tiny, prompts)
+    assert rerun.stats["cache_hits"] == 2 and rerun.stats["prompts_requested"] == 2
+
+
+def test_api_key_is_sent_and_never_written(tiny, tmp_path, monkeypatch, caplog, capfd):
+    caplog.set_level(logging.DEBUG)  # the openai client and httpx log requests at DEBUG
+    monkeypatch.setenv("TEACHER_KEY", SECRET)
+    faults = Faults({PROMPTS[0]: [500]})  # one retry, so the retry path logs too
+    with serving(tiny, api_key=SECRET, before_request=faults) as server:
+        sampler = OpenAISampler(server.url, "local", api_key_env="TEACHER_KEY", max_retries=2,
+                                cache_path=tmp_path / "teacher.sqlite")
+        results = sampler.sample(PROMPTS, temperature=0.0, max_new_tokens=8, seed=0)
+        assert results == expected(tiny, PROMPTS)
+        assert sum(faults.seen.values()) == 4  # the server checked the key before counting
+
+        monkeypatch.setenv("TEACHER_KEY", "sk-test-WRONG-456")
+        wrong = OpenAISampler(server.url, "local", api_key_env="TEACHER_KEY", cache_path=tmp_path / "teacher.sqlite")
+        start = time.monotonic()
+        with pytest.raises(TeacherRequestError, match=r"3 of 3 prompts failed.*HTTP 401") as err:
+            wrong.sample(["a new prompt\n", "another\n", "a third\n"], temperature=0.0, max_new_tokens=8, seed=0)
+        assert time.monotonic() - start < 10
+        assert wrong.stats["requests"] <= wrong.concurrency  # a 401 is not retried, nor sent for every prompt
+
+        monkeypatch.delenv("TEACHER_KEY")
+        with caplog.at_level(logging.WARNING):
+            unset = OpenAISampler(server.url, "local", api_key_env="TEACHER_KEY")
+        assert "TEACHER_KEY is not set" in caplog.text
+        with pytest.raises(TeacherRequestError, match="HTTP 401"):
+            unset.sample(PROMPTS[:1], temperature=0.0, max_new_tokens=8, seed=0)
+    outputs = capfd.readouterr()
+    for text in (caplog.text, outputs.out, outputs.err, str(err.value), repr(sampler), repr(wrong),
+                 str(sampler.stats)):
+        assert SECRET not in text and "sk-test-WRONG-456" not in text
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "teacher.sqlite" for p in files)
+    for path in files:
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_missing_server_fails_fast_with_a_clear_error(tiny, tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    sampler = OpenAISampler(f"http://127.0.0.1:{port}/v1", "local", max_retries=1, timeout_s=2.0,
+                            cache_path=tmp_path / "teacher.sqlite")
+    start = time.monotonic()
+    with pytest.raises(InputError, match=r"prompts failed.*APIConnectionError.*rerun resumes from the cache"):
+        sampler.sample([f"Question: {i}?\n" for i in range(30)], temperature=0.0, max_new_tokens=8, seed=0)
+    assert time.monotonic() - start < 10
+    # each prompt in flight tries twice (max_retries=1); the queued ones are not sent
+    assert sampler.stats["requests"] <= 2 * sampler.concurrency
+
+
+def test_wrong_model_name_is_a_clear_error(tiny):
+    with serving(tiny) as server:
+        sampler = OpenAISampler(server.url, "no-such-model", max_retries=1)
+        with pytest.raises(TeacherRequestError, match=r"NotFoundError \(HTTP 404\).*no-such-model"):
+            sampler.sample(PROMPTS, temperature=0.0, max_new_tokens=8, seed=0)
