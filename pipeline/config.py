@@ -162,10 +162,12 @@ class TeacherConfig(Section):
     )
     hidden_size: int = Field(192, ge=16, description="embedded: Qwen2 hidden size")
     intermediate_size: int = Field(576, ge=16, description="embedded: Qwen2 MLP size")
-    num_hidden_layers: int = Field(3, ge=1, description="embedded: transformer layers")
+    num_hidden_layers: int = Field(2, ge=1, description="embedded: transformer layers")
     num_attention_heads: int = Field(4, ge=1, description="embedded: attention heads")
     num_key_value_heads: int = Field(2, ge=1, description="embedded: key/value heads (GQA)")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="embedded: SFT on the gold rationales")
+    train: TrainConfig = Field(
+        default_factory=lambda: TrainConfig(num_train_epochs=2.0), description="embedded: SFT on the gold rationales"
+    )
 
     @model_validator(mode="after")
     def _backend(self) -> "TeacherConfig":
@@ -187,12 +189,12 @@ class DistillConfig(Section):
         description="traces: SFT on verified traces only; logits: the sft stage adds on-policy logit distillation "
         "with TRL's DistillationTrainer (teacher and student must share a tokenizer)",
     )
-    max_questions: int | None = Field(3000, ge=1, description="training questions sent to the teacher (null: all)")
+    max_questions: int | None = Field(1500, ge=1, description="training questions sent to the teacher (null: all)")
     k: int = Field(4, ge=1, description="samples per question (the pass rate is correct / k)")
-    temperature: float = Field(0.8, gt=0, description="sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    temperature: float = Field(0.6, gt=0, description="sampling temperature")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling")
     max_new_tokens: int = Field(128, ge=1, description="generation limit per trace, in tokens")
-    batch_size: int = Field(256, ge=1, description="local backends: sequences generated together")
+    batch_size: int = Field(512, ge=1, description="local backends: sequences generated together")
     max_traces: int = Field(2, ge=1, description="verified traces kept per question (M)")
     min_step_accuracy: float = Field(
         1.0, ge=0, le=1, description="a correct answer also needs this share of gold step values in its `Step k:` lines"

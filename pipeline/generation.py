@@ -1,7 +1,8 @@
-"""Batched sampling with transformers' `generate`.
+"""Batched sampling from a causal LM with a KV cache, and the `Sampler` protocol.
 
 Prompts are sorted by length before batching so that each batch pads little,
-then results are put back in the caller's order.
+then results are put back in the caller's order. Rows leave a batch as soon as
+they emit EOS (see `decode`).
 """
 
 from __future__ import annotations
@@ -34,36 +35,80 @@ def generate(
     seed: int = 0,
     progress: bool = True,
 ) -> list[list[Generation]]:
-    """For each prompt, `num_return_sequences` completions (greedy unless do_sample)."""
+    """For each prompt, `num_return_sequences` completions (greedy unless do_sample).
+
+    `batch_size` counts sequences: a batch holds batch_size // num_return_sequences prompts.
+    """
     model.eval()
     tokenizer.padding_side = "left"
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     results: list[list[Generation]] = [[] for _ in prompts]
-    eos_id = tokenizer.eos_token_id
-    torch.manual_seed(seed)
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    per_batch = max(1, batch_size // num_return_sequences)
+    batches = [order[i : i + per_batch] for i in range(0, len(order), per_batch)]
+    rng = torch.Generator().manual_seed(seed)
     for batch in tqdm(batches, desc="generate", unit="batch", disable=not progress):
         enc = tokenizer([prompts[i] for i in batch], return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.inference_mode():
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                temperature=temperature if do_sample else None,
-                top_p=top_p if do_sample else None,
-                top_k=None,
-                num_return_sequences=num_return_sequences,
-                eos_token_id=eos_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        new = out[:, enc["input_ids"].shape[1] :]
-        for row, ids in enumerate(new.tolist()):
-            n = len(ids)
-            if eos_id in ids:
-                n = ids.index(eos_id) + 1
-            text = tokenizer.decode(ids[:n], skip_special_tokens=True)
-            results[batch[row // num_return_sequences]].append(Generation(text=text, tokens=n))
+        ids = enc["input_ids"].repeat_interleave(num_return_sequences, dim=0)
+        mask = enc["attention_mask"].repeat_interleave(num_return_sequences, dim=0)
+        sample = (temperature, top_p, rng) if do_sample else None
+        for row, tokens in enumerate(decode(model, ids.to(model.device), mask.to(model.device), max_new_tokens,
+                                            tokenizer.eos_token_id, sample)):
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            results[batch[row // num_return_sequences]].append(Generation(text=text, tokens=len(tokens)))
     return results
+
+
+@torch.inference_mode()
+def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, sample=None) -> list[list[int]]:
+    """Token ids generated for each row (up to and including EOS), with a KV cache.
+
+    Unlike `model.generate`, a row that has emitted EOS leaves the batch (its cache
+    rows are dropped), so a batch does not keep paying for finished sequences
+    while its longest one runs on: 2-3x more tokens/s for sampled traces here
+    (bench/teacher_sampling.py). `sample` is (temperature, top_p, torch.Generator),
+    or None for greedy decoding.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+    alive = torch.arange(input_ids.shape[0])
+    out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+    for step in range(max_new_tokens):
+        next_ids = _pick(logits, sample)
+        for row, token in zip(alive.tolist(), next_ids.tolist()):
+            out[row].append(token)
+        if step == max_new_tokens - 1:
+            break
+        running = next_ids != eos_id
+        if not running.all():
+            keep = running.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            alive, next_ids, attention_mask = alive[keep.cpu()], next_ids[keep], attention_mask[keep]
+            cache.batch_select_indices(keep)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=1)
+        position_ids = attention_mask.sum(-1, keepdim=True) - 1
+        logits = model(input_ids=next_ids[:, None], attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=cache, use_cache=True).logits[:, -1, :]
+    return out
+
+
+def _pick(logits: torch.Tensor, sample) -> torch.Tensor:
+    """Greedy argmax, or temperature + nucleus (top-p) sampling from the given generator."""
+    if sample is None:
+        return logits.argmax(-1)
+    temperature, top_p, rng = sample
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+        # drop a token when the tokens ranked above it already cover top_p
+        drop = sorted_probs.cumsum(-1) - sorted_probs > top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
+    return torch.multinomial(probs.cpu(), 1, generator=rng).squeeze(1).to(logits.device)
 
 
 class Sampler(Protocol):
@@ -90,9 +135,7 @@ class LocalSampler:
         self, prompts: Sequence[str], *, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
         max_new_tokens: int = 192, seed: int = 0,
     ) -> list[list[Generation]]:
-        # batch_size counts sequences, so K samples per prompt means batch_size // K prompts per batch
         return generate(
-            self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
-            batch_size=max(1, self.batch_size // n), do_sample=temperature > 0, temperature=temperature,
+            self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0, temperature=temperature,
             top_p=top_p, num_return_sequences=n, seed=seed,
         )

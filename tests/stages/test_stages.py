@@ -234,3 +234,31 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
     written = [p for p in folder.rglob("*") if p.is_file()]
     assert any(p.suffix == ".sqlite" for p in written)
     assert [p for p in written if secret.encode() in p.read_bytes()] == []
+
+
+def test_transformers_teacher_references_a_saved_model(workspace, monkeypatch):
+    """teacher.backend=transformers: models/teacher only points at the path; distill and evaluate load it."""
+    import shutil
+
+    import yaml
+
+    from stages import distill, evaluate, teacher
+
+    folder = workspace / "hf_teacher"
+    shutil.copytree(paths.stage_data("synthesize"), folder / paths.stage_data("synthesize"))
+    saved = (workspace / paths.model_dir("teacher")).resolve()
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    params["teacher"] = {"backend": "transformers", "model": str(saved)}
+    params["evaluate"] = {**params["evaluate"], "splits": ["test"]}
+    write_params(folder, params)
+    monkeypatch.chdir(folder)
+    teacher.main()
+    assert sorted(p.name for p in paths.model_dir("teacher").iterdir()) == [paths.MODEL_MANIFEST]
+    distill.main()
+    evaluate.main(["--model", "teacher"])
+    ours = json.loads(paths.metrics_file("distill").read_text())
+    theirs = json.loads((workspace / paths.metrics_file("distill")).read_text())
+    # the same weights, params and seed as the embedded run: the same samples
+    assert ours["teacher"] == str(saved)
+    assert {k: ours[k] for k in ("acceptance_rate", "pass_rate_histogram", "traces_kept")} == {
+        k: theirs[k] for k in ("acceptance_rate", "pass_rate_histogram", "traces_kept")}

@@ -77,3 +77,31 @@ def test_stage_exits_nonzero_before_work(tmp_path):
     assert proc.returncode == 2
     assert "params.yaml: sft.learning_rat: unknown key" in proc.stderr
     assert not (tmp_path / "models").exists()
+
+
+def test_a_key_pasted_into_api_key_env_is_refused_and_not_echoed(tmp_path):
+    secret = "sk-live-0123456789abcdef"
+    path = write(tmp_path, {"teacher": {"backend": "openai", "base_url": "http://x/v1", "model": "m",
+                                        "api_key_env": secret}})
+    with pytest.raises(ConfigError) as exc:
+        load_section("teacher", path=path)
+    assert "teacher.api_key_env" in str(exc.value) and secret not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "message"),
+    [
+        ("teacher", {"backend": "openai", "model": "m"}, "base_url"),
+        ("teacher", {"backend": "transformers"}, "needs `model`"),
+        ("teacher", {"backend": "vllm"}, "teacher.backend"),
+        ("distill", {"k": 2, "max_traces": 3}, "max_traces"),
+        ("distill", {"hard_min_pass_rate": 0.7, "hard_max_pass_rate": 0.5}, "hard_min_pass_rate"),
+        ("distill", {"method": "kd"}, "distill.method"),
+        ("sft", {"source": "teacher"}, "sft.source"),
+        ("teacher", {"train": {"learning_rat": 0.1}}, "teacher.train.learning_rat: unknown key"),
+    ],
+)
+def test_teacher_and_distill_params_are_checked(tmp_path, section, values, message):
+    path = write(tmp_path, {section: values})
+    with pytest.raises(ConfigError, match=message):
+        load_section(section, path=path)
