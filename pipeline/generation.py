@@ -7,6 +7,7 @@ they emit EOS (see `decode`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -71,9 +72,11 @@ def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, s
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    # transformers 5.x renames `past_key_values` to `cache` (the old name warns, then goes in 5.40)
+    cache_kw = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+                   use_cache=True, logits_to_keep=1, **cache_kw).logits[:, -1, :]
     alive = torch.arange(input_ids.shape[0])
     out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     for step in range(max_new_tokens):
@@ -92,7 +95,7 @@ def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, s
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=1)
         position_ids = attention_mask.sum(-1, keepdim=True) - 1
         logits = model(input_ids=next_ids[:, None], attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=cache, use_cache=True).logits[:, -1, :]
+                       use_cache=True, **cache_kw).logits[:, -1, :]
     return out
 
 

@@ -96,7 +96,9 @@ def _flow(cfg: DistillConfig) -> None:
     with atomic_dir(paths.stage_data("distill")) as out:
         for name, (rows, schema) in tables.items():
             write_rows(out / name, rows, schema=schema)
-        write_manifest(out, "distill", cfg, inputs=[teacher_dir, train_file, *eval_files], metrics=metrics)
+        # counts only: timings would make the folder differ on every run and re-run sft for nothing
+        counts = {k: v for k, v in metrics.items() if "seconds" not in k and k != "teacher_requests"}
+        write_manifest(out, "distill", cfg, inputs=[teacher_dir, train_file, *eval_files], counts=counts)
     with atomic_dir(paths.live_dir("distill")) as out:
         hist = metrics["pass_rate_histogram"]
         write_json(out / "pass_rate.json", [{"pass_rate": k, "questions": v} for k, v in hist.items()])

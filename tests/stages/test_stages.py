@@ -108,6 +108,10 @@ def test_distill_outputs_are_consistent(workspace):
     index = eval_ngrams(evals, 8)
     assert not any(contaminated(r["question"], index, 8) for r in traces)
     assert (paths.live_dir("distill") / "pass_rate.png").exists()
+    # a data stage is byte-for-byte reproducible (no timings in its folder), so sft does not re-run for nothing
+    before = {f.name: f.read_bytes() for f in paths.stage_data("distill").iterdir()}
+    distill.main()
+    assert {f.name: f.read_bytes() for f in paths.stage_data("distill").iterdir()} == before
 
 
 def test_sft_changes_the_weights(workspace):
