@@ -97,7 +97,7 @@ def _flow(cfg: DistillConfig) -> None:
         for name, (rows, schema) in tables.items():
             write_rows(out / name, rows, schema=schema)
         # counts only: timings would make the folder differ on every run and re-run sft for nothing
-        counts = {k: v for k, v in metrics.items() if "seconds" not in k and k != "teacher_requests"}
+        counts = {k: v for k, v in metrics.items() if "second" not in k and k != "teacher_requests"}
         write_manifest(out, "distill", cfg, inputs=[teacher_dir, train_file, *eval_files], counts=counts)
     with atomic_dir(paths.live_dir("distill")) as out:
         hist = metrics["pass_rate_histogram"]

@@ -50,8 +50,13 @@ def api_post(api_url: str, route: str, body: dict) -> list[dict]:
 
 
 def write_params(folder: Path, params: dict = TINY_PARAMS) -> Path:
+    """params.yaml with every key of every section spelled out, as in the repo's own file
+    (dvc.yaml names single keys such as `distill.k`, which DVC requires to be present)."""
+    from pipeline.config import SECTIONS
+
+    full = {name: SECTIONS[name].model_validate(params.get(name) or {}).model_dump(mode="json") for name in SECTIONS}
     path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    path.write_text(yaml.safe_dump(full, sort_keys=False))
     return path
 
 

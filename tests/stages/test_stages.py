@@ -111,7 +111,10 @@ def test_distill_outputs_are_consistent(workspace):
     # a data stage is byte-for-byte reproducible (no timings in its folder), so sft does not re-run for nothing
     before = {f.name: f.read_bytes() for f in paths.stage_data("distill").iterdir()}
     distill.main()
-    assert {f.name: f.read_bytes() for f in paths.stage_data("distill").iterdir()} == before
+    after = {f.name: f.read_bytes() for f in paths.stage_data("distill").iterdir()}
+    old, new = json.loads(before["config.json"])["counts"], json.loads(after["config.json"])["counts"]
+    assert {k: (old[k], new.get(k)) for k in old if old[k] != new.get(k)} == {}
+    assert after == before
 
 
 def test_sft_changes_the_weights(workspace):
@@ -199,23 +202,40 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
     """teacher.backend=openai against the real loopback server serving the trained tiny teacher:
     distill samples over HTTP, a rerun is answered from the cache, the key is in no written file."""
     import shutil
-    import threading
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
 
     import yaml
 
-    from pipeline.models import load_model
-    from pipeline.openai_server import make_server
     from stages import distill, evaluate, teacher
 
     secret = "sk-stage-test-SECRET-987"
     monkeypatch.setenv("STAGE_TEACHER_KEY", secret)
-    served = load_model(paths.model_dir("teacher"))
-    server = make_server(*served, api_key=secret)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as sock:  # a free loopback port for the server process
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # A separate process, as a real vLLM/SGLang server would be (and no torch thread left at exit here).
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.openai_server", str(paths.model_dir("teacher").resolve()), "--port",
+         str(port), "--api-key-env", "STAGE_TEACHER_KEY", "--served-model-name", "local"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/models",
+                                   headers={"Authorization": f"Bearer {secret}"}), timeout=1)
+            break
+        except OSError:
+            assert server.poll() is None, server.stderr.read()
+            time.sleep(0.2)
     folder = workspace / "api_teacher"
     shutil.copytree(paths.stage_data("synthesize"), folder / paths.stage_data("synthesize"))
     params = yaml.safe_load(Path("params.yaml").read_text())
-    params["teacher"] = {"backend": "openai", "base_url": server.url, "model": "local",
+    params["teacher"] = {"backend": "openai", "base_url": url, "model": "local",
                          "api_key_env": "STAGE_TEACHER_KEY", "concurrency": 4, "timeout_s": 30}
     params["evaluate"] = {**params["evaluate"], "splits": ["test"]}
     write_params(folder, params)
@@ -228,8 +248,9 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
         second = json.loads(paths.metrics_file("distill").read_text())
         evaluate.main(["--model", "teacher"])
     finally:
-        server.shutdown()
-        server.server_close()
+        server.terminate()
+        server_log = server.communicate(timeout=30)[1]
+    assert secret not in server_log
     n = first["questions_sampled"]
     assert first["teacher"] == "openai:local" and first["teacher_requests"]["prompts_requested"] == n
     assert second["teacher_requests"]["cache_hits"] == n and second["teacher_requests"]["requests"] == 0
