@@ -41,10 +41,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pipeline.orchestrate import diff_markdown, metrics_rows
+    from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
 
     for row in metrics_rows():
         print(f"{row['file']:40s} {row['metric']:40s} {row['value']}")
+    print()
+    print(models_markdown())
     print()
     print(diff_markdown(args.rev))
     return 0

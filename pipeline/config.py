@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 PARAMS_FILE = "params.yaml"
 
@@ -75,6 +75,14 @@ class SynthesizeConfig(Section):
         return self
 
 
+def check_heads(cfg: "BaseModelConfig | TeacherConfig") -> None:
+    """Attention shapes a Qwen2 can build: heads divide the width, key/value heads divide the heads."""
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ValueError("hidden_size must be divisible by num_attention_heads")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+
+
 class BaseModelConfig(Section):
     """`base`: the tokenizer and the untrained student."""
 
@@ -90,10 +98,7 @@ class BaseModelConfig(Section):
 
     @model_validator(mode="after")
     def _heads(self) -> "BaseModelConfig":
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be divisible by num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+        check_heads(self)
         return self
 
 
@@ -166,7 +171,7 @@ class TeacherConfig(Section):
     num_attention_heads: int = Field(4, ge=1, description="embedded: attention heads")
     num_key_value_heads: int = Field(2, ge=1, description="embedded: key/value heads (GQA)")
     train: TrainConfig = Field(
-        default_factory=lambda: TrainConfig(num_train_epochs=2.0), description="embedded: SFT on the gold rationales"
+        default_factory=lambda: TrainConfig(num_train_epochs=1.0), description="embedded: SFT on the gold rationales"
     )
 
     @model_validator(mode="after")
@@ -175,8 +180,7 @@ class TeacherConfig(Section):
             raise ValueError("backend transformers needs `model` (a path or Hub id)")
         if self.backend == "openai" and not (self.base_url and self.model):
             raise ValueError("backend openai needs `base_url` and `model`")
-        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("hidden_size % num_attention_heads and num_attention_heads % num_key_value_heads must be 0")
+        check_heads(self)
         return self
 
 
@@ -189,7 +193,7 @@ class DistillConfig(Section):
         description="traces: SFT on verified traces only; logits: the sft stage adds on-policy logit distillation "
         "with TRL's DistillationTrainer (teacher and student must share a tokenizer)",
     )
-    max_questions: int | None = Field(1500, ge=1, description="training questions sent to the teacher (null: all)")
+    max_questions: int | None = Field(750, ge=1, description="training questions sent to the teacher (null: all)")
     k: int = Field(4, ge=1, description="samples per question (the pass rate is correct / k)")
     temperature: float = Field(0.6, gt=0, description="sampling temperature")
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling")
@@ -220,6 +224,145 @@ class DistillConfig(Section):
         return self
 
 
+RewardName = Literal[
+    "accuracy", "format", "step_correctness", "dpa", "rule_shaping", "cosine", "repetition", "overlong", "no_thinking"
+]
+
+
+def _weight(value: object) -> object:
+    # pydantic's lax mode would read True as 1.0 and "0.5" as 0.5; a reward weight must be written as a number
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a reward weight must be a number, got {value!r}")
+    return value
+
+
+RewardWeight = Annotated[float, BeforeValidator(_weight)]
+
+
+class RewardsConfig(Section):
+    """`rewards`: the reward library (pipeline/rewards.py) as GRPO uses it: which rewards, their weights, options.
+
+    The total reward of a completion is the weighted sum; a reward that returns None (its gold cannot be
+    parsed) is left out of the sum rather than counted as full credit.
+    """
+
+    weights: dict[RewardName, RewardWeight] = Field(
+        {"accuracy": 1.0, "format": 0.1, "step_correctness": 0.5}, min_length=1,
+        description="reward name -> weight (names: RewardName in pipeline/config.py)",
+    )
+    cosine_max_len: int = Field(128, ge=1, description="cosine: the length (tokens) where the scale reaches its end")
+    cosine_min_correct: float = Field(0.5, description="cosine: reward of a correct completion at max length")
+    cosine_max_correct: float = Field(1.0, description="cosine: reward of a correct completion at length 0")
+    cosine_min_wrong: float = Field(-1.0, description="cosine: reward of a wrong completion at length 0")
+    cosine_max_wrong: float = Field(-0.5, description="cosine: reward of a wrong completion at max length")
+    repetition_ngram: int = Field(3, ge=1, description="repetition: word n-gram size")
+    repetition_max_penalty: float = Field(-1.0, le=0, description="repetition: reward when every n-gram repeats")
+    overlong_max_len: int = Field(160, ge=2, description="overlong: L, the hard length limit in tokens")
+    overlong_buffer: int = Field(32, ge=1, description="overlong: c, the soft zone before L where the penalty ramps to -1")
+    rule_step_weight: float = Field(
+        0.5, ge=0, description="rule_shaping: total weight of the intermediate-step criteria (split evenly over steps)"
+    )
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "RewardsConfig":
+        if self.overlong_buffer >= self.overlong_max_len:
+            raise ValueError("overlong_buffer must be < overlong_max_len")
+        return self
+
+
+class MineConfig(Section):
+    """`mine`: hard-case mining. G rollouts per RL-pool prompt from the SFT policy give each prompt a pass rate."""
+
+    seed: int = Field(0, description="sampling seed and pool order")
+    pool_size: int = Field(500, ge=1, description="training questions in the RL pool")
+    rollouts: int = Field(8, ge=2, description="G: sampled completions per prompt")
+    temperature: float = Field(0.8, gt=0, description="sampling temperature (the GRPO rollout temperature)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    max_new_tokens: int = Field(128, ge=1, description="generation limit per rollout, in tokens")
+    batch_size: int = Field(512, ge=1, description="sequences generated together")
+    hard_min_pass_rate: float = Field(0.125, ge=0, le=1, description="hard bucket: lowest pass rate (inclusive)")
+    hard_max_pass_rate: float = Field(0.625, ge=0, le=1, description="hard bucket: highest pass rate (inclusive)")
+    repeat_unsolved: int = Field(1, ge=0, description="copies in the RL set of a prompt no rollout solved (0: exclude)")
+    repeat_hard: int = Field(2, ge=0, description="copies of a hard prompt (oversampling)")
+    repeat_easy: int = Field(1, ge=0, description="copies of a prompt above the hard window but not always solved")
+    repeat_solved: int = Field(0, ge=0, description="copies of a prompt every rollout solved (0: exclude, no signal)")
+    max_pairs_per_prompt: int = Field(1, ge=1, description="on-policy preference pairs (correct vs incorrect) per prompt")
+
+    @model_validator(mode="after")
+    def _window(self) -> "MineConfig":
+        if self.hard_min_pass_rate > self.hard_max_pass_rate:
+            raise ValueError("hard_min_pass_rate must be <= hard_max_pass_rate")
+        return self
+
+
+class GRPOStageConfig(Section):
+    """`grpo`: RL on the mined set with TRL's GRPOTrainer (or TBRM), rewards from the `rewards` section."""
+
+    seed: int = Field(0, description="RNG seed for data order and sampling")
+    algorithm: Literal["grpo", "tbrm"] = Field(
+        "grpo", description="grpo: group-relative advantages over G rollouts; tbrm: trajectory Bellman residual, one rollout"
+    )
+    learning_rate: float = Field(1e-4, gt=0, lt=1, description="peak learning rate")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "constant_with_warmup", description="learning-rate schedule"
+    )
+    warmup_steps: float = Field(0.05, ge=0, description="linear warm-up: a share of all steps when < 1, else steps")
+    max_steps: int = Field(45, ge=1, description="optimizer steps")
+    prompts_per_step: int = Field(8, ge=1, description="prompts per optimizer step (each with G rollouts)")
+    num_generations: int = Field(8, ge=2, description="G: rollouts per prompt (grpo); tbrm uses one")
+    beta: float = Field(0.04, ge=0, description="KL weight to the SFT reference (grpo), regularization temperature (tbrm)")
+    epsilon: float = Field(0.2, gt=0, description="PPO-style ratio clip")
+    temperature: float = Field(0.8, gt=0, description="rollout sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="rollout nucleus sampling")
+    max_completion_length: int = Field(128, ge=8, description="rollout length limit in tokens")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="advantage normalisation")
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field("dapo", description="TRL loss aggregation")
+    guided_replay: bool = Field(
+        True, description="a group whose accuracy is at most replay_max_accuracy gets the gold rationale as a sample"
+    )
+    replay_max_accuracy: float = Field(0.0, ge=0, lt=1, description="guided replay: group accuracy threshold (tau)")
+    replay_samples: int = Field(1, ge=1, description="guided replay: rollouts of such a group replaced by the guidance")
+    logging_steps: int = Field(5, ge=1, description="log rewards and KL every N steps")
+    success_prompts: int = Field(
+        200, ge=0, description="after training, resample this many RL-pool prompts to measure the success rate p_after"
+    )
+
+    @model_validator(mode="after")
+    def _replay(self) -> "GRPOStageConfig":
+        if self.replay_samples >= self.num_generations:
+            raise ValueError("replay_samples must be < num_generations (the group needs its own rollouts)")
+        return self
+
+
+class DPOStageConfig(Section):
+    """`dpo`: TRL's DPOTrainer from the SFT model on preference pairs (correct vs incorrect trace)."""
+
+    seed: int = Field(0, description="RNG seed for data order")
+    pairs: Literal["mine", "distill", "both"] = Field(
+        "mine", description="mine: on-policy pairs of the SFT policy; distill: teacher pairs; both"
+    )
+    beta: float = Field(0.1, gt=0, description="DPO temperature: strength of the pull toward the reference")
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = Field("sigmoid", description="DPO loss")
+    learning_rate: float = Field(5e-5, gt=0, lt=1, description="peak learning rate")
+    num_train_epochs: float = Field(2.0, gt=0, description="passes over the pairs")
+    per_device_train_batch_size: int = Field(16, ge=1, description="pairs per optimizer step")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("cosine")
+    warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
+    nll_weight: float = Field(
+        0.0, ge=0, description="weight of an NLL loss on the chosen completion (RPO); 0 is plain DPO"
+    )
+    max_length: int = Field(512, ge=16, description="truncate prompt+completion to this many tokens")
+    logging_steps: int = Field(10, ge=1)
+
+
+class SFTExtendedConfig(Section):
+    """`sft_extended`: the compute-matched baseline. SFT continues from models/sft for GRPO's wall-clock time."""
+
+    learning_rate: float = Field(3e-4, gt=0, lt=1, description="peak learning rate of the continued SFT")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("cosine")
+    time_factor: float = Field(1.0, gt=0, description="train for this multiple of GRPO's measured training seconds")
+
+
 class EvaluateConfig(Section):
     """`evaluate`: batched greedy generation on test and ood, graded per question."""
 
@@ -227,6 +370,9 @@ class EvaluateConfig(Section):
     max_new_tokens: int = Field(192, ge=1, description="generation limit per question, in tokens")
     max_samples: int | None = Field(None, ge=1, description="evaluate only the first N questions of each split")
     splits: list[Literal["test", "ood", "val"]] = Field(["test", "ood"], min_length=1, description="splits to evaluate")
+    k: int = Field(4, ge=1, description="pass@k and maj@k: samples per question")
+    k_samples: int | None = Field(200, ge=1, description="pass@k and maj@k: on the first N questions of each split")
+    k_temperature: float = Field(0.8, gt=0, description="pass@k and maj@k: sampling temperature")
 
 
 SECTIONS: dict[str, type[Section]] = {
@@ -235,6 +381,11 @@ SECTIONS: dict[str, type[Section]] = {
     "teacher": TeacherConfig,
     "distill": DistillConfig,
     "sft": SFTConfig,
+    "rewards": RewardsConfig,
+    "mine": MineConfig,
+    "grpo": GRPOStageConfig,
+    "dpo": DPOStageConfig,
+    "sft_extended": SFTExtendedConfig,
     "evaluate": EvaluateConfig,
 }
 

@@ -7,10 +7,11 @@ reports (DESIGN.md, "Metrics that every version reports").
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-from pipeline.grading import extract_answer, grade, step_accuracy
+from pipeline.grading import extract_answer, grade, parse_number, step_accuracy
 
 
 def score(row: dict, completion: str, tokens: int) -> dict:
@@ -79,3 +80,54 @@ def majority_baseline(train_rows: Iterable[dict], rows: Sequence[dict]) -> float
         for row in rows
     )
     return round(hits / len(rows), 4) if rows else 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@k needs k <= n (got k={k}, n={n})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def vote_key(answer: str, answer_type: str) -> str:
+    """What majority voting counts as one answer: the number's value, or the normalised text."""
+    if answer_type == "number":
+        value = parse_number(answer)
+        if value is not None:
+            return f"{value:.6g}"
+    return " ".join(answer.split()).lower().rstrip(".")
+
+
+def majority_vote(predictions: Sequence[str | None], answer_type: str) -> str | None:
+    """The most frequent answer among `predictions` (None: no answer line, not a vote); ties go to the first seen."""
+    votes: dict[str, list] = {}
+    for pred in predictions:
+        if pred is None:
+            continue
+        entry = votes.setdefault(vote_key(pred, answer_type), [0, pred])
+        entry[0] += 1
+    if not votes:
+        return None
+    return max(votes.values(), key=lambda e: e[0])[1]  # max keeps the first of equal counts
+
+
+def sampled_metrics(rows: Sequence[dict], samples: Sequence[Sequence[str]], k: int) -> dict:
+    """pass@k and maj@k over k sampled completions per question, with the mean sampled accuracy."""
+    passes, majority, mean = [], [], []
+    for row, texts in zip(rows, samples):
+        predictions = [extract_answer(t) for t in texts]
+        correct = [p is not None and grade(p, row["answer"], row["answer_type"]) for p in predictions]
+        passes.append(pass_at_k(len(correct), sum(correct), k))
+        voted = majority_vote(predictions, row["answer_type"])
+        majority.append(voted is not None and grade(voted, row["answer"], row["answer_type"]))
+        mean.append(sum(correct) / max(len(correct), 1))
+    n = max(len(rows), 1)
+    return {
+        "k": k,
+        "questions": len(rows),
+        f"pass_at_{k}": round(sum(passes) / n, 4),
+        f"maj_at_{k}": round(sum(majority) / n, 4),
+        "sampled_accuracy": round(sum(mean) / n, 4),
+    }

@@ -63,6 +63,36 @@ def diff_markdown(rev: str = "HEAD") -> str:
     return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {rev}."
 
 
+MODELS = ("teacher", "sft", "sft_extended", "grpo", "dpo")
+
+
+def models_markdown(root: Path = paths.METRICS) -> str:
+    """Every evaluated model side by side (greedy accuracy, pass@k, maj@k), then the RL yardstick:
+    p0 (the SFT policy's sampled success on the RL pool), p*(p0, beta) and the success measured after GRPO."""
+    lines = ["| model | test | ood | step accuracy | pass@k | maj@k | sampled accuracy | tokens/question |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in MODELS:
+        file = root / "evaluate" / f"{name}.json"
+        if not file.exists():
+            continue
+        m = json.loads(file.read_text())
+        sampled = m.get("sampled", {})
+        k = sampled.get("k")
+        lines.append(
+            f"| {name} | {m.get('accuracy')} | {m.get('accuracy_ood')} | {m.get('step_accuracy')} | "
+            f"{m.get(f'pass_at_{k}')} (k={k}) | {m.get(f'maj_at_{k}')} | {sampled.get('sampled_accuracy')} | "
+            f"{m.get('tokens_per_question')} |"
+        )
+    grpo_file = root / "grpo.json"
+    if grpo_file.exists():
+        g = json.loads(grpo_file.read_text())
+        lines += ["", f"RL ({g.get('algorithm')}, {g.get('steps')} steps, {g.get('rollouts')} rollouts): "
+                      f"p0 = {g.get('p0')} on the RL pool; success-amplification fixed point p*(p0, beta) = "
+                      f"{g.get('p_star')}; measured on {g.get('success_prompts')} pool prompts: "
+                      f"{g.get('p_before')} before, {g.get('p_after')} after."]
+    return "\n".join(lines)
+
+
 @flow(name="repro", persist_result=False)
 def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool = False, push: bool = False) -> dict:
     """Run `dvc repro` (optionally pull first / push after) and publish the metrics."""
@@ -81,4 +111,5 @@ def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool
     if rows:
         publish_table("pipeline-metrics", rows, "Metrics of this pipeline version (metrics/*.json)")
     publish_markdown("pipeline-metrics-diff", diff_markdown(), "dvc metrics diff against git HEAD")
+    publish_markdown("pipeline-models", models_markdown(), "Every evaluated model side by side, and the RL yardstick")
     return {r["file"] + ":" + r["metric"]: r["value"] for r in rows}

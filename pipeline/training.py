@@ -158,3 +158,51 @@ def logit_distill(
         "train_seconds": round(seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
     }
+
+
+def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
+    """TRL DPOTrainer in place on `model` over (prompt, chosen, rejected) pairs; `cfg` is the `dpo` section.
+
+    The reference is TRL's frozen copy of the starting model. `nll_weight` > 0 adds TRL's "sft" loss on the
+    chosen completion (RPO), which keeps a small model from lowering both likelihoods at once.
+    """
+    from trl import DPOConfig, DPOTrainer
+
+    losses, weights = [cfg.loss_type], [1.0]
+    if cfg.nll_weight > 0:
+        losses, weights = [cfg.loss_type, "sft"], [1.0, cfg.nll_weight]
+    args = DPOConfig(
+        output_dir=str(work_dir),
+        seed=cfg.seed,
+        beta=cfg.beta,
+        loss_type=losses,
+        loss_weights=weights,
+        learning_rate=cfg.learning_rate,
+        num_train_epochs=cfg.num_train_epochs,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps,
+        max_length=cfg.max_length,
+        logging_steps=cfg.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        **device_kwargs(),
+    )
+    dataset = Dataset.from_dict({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
+    before = snapshot(model)
+    trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[dvclive_callback(live_dir)])
+    start = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - start
+    logs = [log for log in trainer.state.log_history if "rewards/accuracies" in log]
+    return {
+        "pairs": len(pairs),
+        "train_loss": round(result.training_loss, 4),
+        "steps": result.global_step,
+        "train_seconds": round(seconds, 1),
+        "reward_accuracy_last": round(logs[-1]["rewards/accuracies"], 4) if logs else None,
+        "reward_margin_last": round(logs[-1]["rewards/margins"], 4) if logs else None,
+        "weights_changed": round(weights_changed(before, model), 3),
+    }

@@ -1,8 +1,10 @@
 """python -m stages.evaluate --model sft
 
 Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded with
-pipeline/grading.py. Writes metrics/evaluate/<model>.json (accuracy, accuracy_ood,
-step accuracy, breakdowns, cost, the majority baseline), the graded generations
+pipeline/grading.py, then k sampled completions per question on the first
+`evaluate.k_samples` questions for pass@k and maj@k. Writes
+metrics/evaluate/<model>.json (accuracy, accuracy_ood, step accuracy, breakdowns,
+pass@k, maj@k, cost, the majority baseline), the graded greedy generations
 in data/evaluate/<model>/ and accuracy-by-task-type plots in plots/evaluate/<model>/.
 """
 
@@ -13,7 +15,7 @@ import time
 
 from pipeline import paths
 from pipeline.config import EvaluateConfig, load_section
-from pipeline.evaluation import majority_baseline, score, summarize
+from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import Sampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
@@ -32,20 +34,40 @@ def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dic
         seconds = time.perf_counter() - start
         graded = [score(row, gens[0].text, gens[0].tokens) for row, gens in zip(rows, generations)]
         by_split[split] = {**summarize(graded), "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
+        by_split[split]["sampled"] = sampled(cfg, sampler, rows[: cfg.k_samples])
         records += graded
     return by_split, records
+
+
+def sampled(cfg: EvaluateConfig, sampler: Sampler, rows: list[dict]) -> dict:
+    """pass@k and maj@k: k samples per question at `k_temperature`, with their cost."""
+    start = time.perf_counter()
+    samples = sampler.sample(
+        [r["prompt"] for r in rows], n=cfg.k, temperature=cfg.k_temperature, top_p=1.0,
+        max_new_tokens=cfg.max_new_tokens, seed=0,
+    )
+    seconds = time.perf_counter() - start
+    metrics = sampled_metrics(rows, [[g.text for g in gens] for gens in samples], cfg.k)
+    tokens = sum(g.tokens for gens in samples for g in gens)
+    return {**metrics, "temperature": cfg.k_temperature, "tokens_per_question": round(tokens / max(len(rows), 1), 1),
+            "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
 
 
 def headline(by_split: dict[str, dict], baseline: float) -> dict:
     """Top-level metrics: test numbers flat (what `dvc metrics diff` compares), ood beside them."""
     test = by_split.get("test", next(iter(by_split.values())))
     out = {k: test[k] for k in ("accuracy", "step_accuracy", "by_answer_type", "by_task_type", "by_chain_length")}
+    k = test["sampled"]["k"]
+    out[f"pass_at_{k}"], out[f"maj_at_{k}"] = test["sampled"][f"pass_at_{k}"], test["sampled"][f"maj_at_{k}"]
+    out["sampled"] = test["sampled"]
     out["tokens_per_question"] = test["tokens_per_question"]
     out["seconds_per_question"] = test["seconds_per_question"]
     out["baseline_majority"] = baseline
     if "ood" in by_split:
         out["accuracy_ood"] = by_split["ood"]["accuracy"]
         out["step_accuracy_ood"] = by_split["ood"]["step_accuracy"]
+        out[f"pass_at_{k}_ood"] = by_split["ood"]["sampled"][f"pass_at_{k}"]
+        out[f"maj_at_{k}_ood"] = by_split["ood"]["sampled"][f"maj_at_{k}"]
     # The other splits' full breakdowns, one section each ("ood", "val"); test is the flat part above.
     out.update({split: m for split, m in by_split.items() if split != "test"})
     out["answer_line_rate"] = test["answer_line_rate"]

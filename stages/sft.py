@@ -37,9 +37,9 @@ def training_rows(source: str) -> tuple[list[dict], list[Path]]:
     return rows, files
 
 
-def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, val_rows, work_dir: Path, live_dir: Path) -> dict:
-    """All phases in place on `model`; returns the summary metrics (phase 1 flat, later phases nested)."""
-    rows, _ = training_rows(cfg.source)
+def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, rows: list[dict], val_rows: list[dict],
+        work_dir: Path, live_dir: Path) -> dict:
+    """All phases in place on `model` (phase 1 on `rows`); returns the summary metrics (phase 1 flat, later nested)."""
     metrics = {"source": cfg.source, **sft_train(cfg, model, tokenizer, rows, val_rows, work_dir, live_dir)}
     if cfg.curriculum:
         hard = read_rows(HARD, required=("prompt", "rationale"))
@@ -67,10 +67,10 @@ def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, val_rows, work
 def _flow(cfg: SFTConfig, distill: DistillConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
-    _, files = training_rows(cfg.source)  # fail on a missing input before loading anything
+    rows, files = training_rows(cfg.source)  # fail on a missing input before loading anything
     model, tokenizer = load_model(paths.model_dir("base"))
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
-        metrics = run(cfg, distill, model, tokenizer, val_rows, out / ".trainer", live)
+        metrics = run(cfg, distill, model, tokenizer, rows, val_rows, out / ".trainer", live)
         stage_logger().info("sft: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)

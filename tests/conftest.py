@@ -29,7 +29,11 @@ TINY_PARAMS = {
                 "min_step_accuracy": 0.0, "logit_steps": 2, "logit_max_new_tokens": 16},
     "sft": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,
             "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3},
-    "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"]},
+    "mine": {"seed": 0, "pool_size": 48, "rollouts": 4, "max_new_tokens": 48, "batch_size": 64},
+    "grpo": {"seed": 0, "max_steps": 3, "prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32,
+             "logging_steps": 1, "success_prompts": 8},
+    "dpo": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 4, "logging_steps": 1},
+    "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8},
 }
 
 

@@ -1,7 +1,8 @@
 """The real thing: `python -m pipeline repro` (which runs `dvc repro`) in a temporary git repository.
 
-Checks the outputs and metrics, that a second run re-executes nothing, and that
-changing one `sft` param re-runs exactly `sft` and what depends on it.
+Checks the outputs and metrics, that a second run re-executes nothing, that
+changing one `sft` param re-runs exactly `sft` and what depends on it, and that
+params reach only the stages that declare them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def dvc(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
     return sh([sys.executable, "-m", "dvc", *args], cwd, check)
 
 
+EVALUATED = ["evaluate@dpo", "evaluate@grpo", "evaluate@sft", "evaluate@sft_extended"]
+AFTER_SFT = sorted(["sft", "mine", "grpo", "sft_extended", "dpo", *EVALUATED])
+ALL_STAGES = sorted(["synthesize", "base", "teacher", "distill", "evaluate@teacher", *AFTER_SFT])
+
+
 def ran_stages(output: str) -> list[str]:
     return sorted(set(re.findall(r"Running stage '([^']+)'", output)))
 
@@ -47,11 +53,13 @@ def repo(tmp_path_factory, prefect_api):
 def test_repro_builds_everything(repo, prefect_api):
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
     out = proc.stdout + proc.stderr
-    assert ran_stages(out) == ["base", "distill", "evaluate@sft", "evaluate@teacher", "sft", "synthesize", "teacher"]
+    assert ran_stages(out) == ALL_STAGES
     for path in ("data/synthesize/test.parquet", "models/base/model.safetensors", "models/teacher/model.safetensors",
                  "data/distill/train.parquet", "data/distill/hard.parquet", "data/distill/pairs.parquet",
                  "metrics/distill.json", "plots/distill/pass_rate.png", "models/sft/model.safetensors",
-                 "data/evaluate/sft/predictions.parquet", "metrics/evaluate/sft.json",
+                 "data/mine/rl.parquet", "data/mine/pairs.parquet", "models/grpo/model.safetensors",
+                 "models/sft_extended/model.safetensors", "models/dpo/model.safetensors", "plots/grpo",
+                 "data/evaluate/sft/predictions.parquet", "metrics/evaluate/sft.json", "metrics/evaluate/grpo.json",
                  "metrics/evaluate/teacher.json", "dvc.lock"):
         assert (repo / path).exists(), path
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
@@ -59,9 +67,10 @@ def test_repro_builds_everything(repo, prefect_api):
     assert 0 <= metrics["accuracy"] <= 1 and "accuracy_ood" in metrics
     # every stage ran as a flow on the shared server, and the orchestrator published the metrics
     flows = {f["name"] for f in api_post(prefect_api, "flows/filter", {})}
-    assert {"repro", "synthesize", "base", "teacher", "distill", "sft", "evaluate"} <= flows
+    assert {"repro", "synthesize", "base", "teacher", "distill", "sft", "mine", "grpo", "sft_extended", "dpo",
+            "evaluate"} <= flows
     keys = {a["key"] for a in api_post(prefect_api, "artifacts/filter", {})}
-    assert {"pipeline-metrics", "pipeline-metrics-diff"} <= keys
+    assert {"pipeline-metrics", "pipeline-metrics-diff", "pipeline-models"} <= keys
 
 
 def test_second_repro_runs_nothing(repo):
@@ -74,40 +83,48 @@ def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["sft"]["learning_rate"] = 0.002
     write_params(repo, params)
-    # Only sft is stale before it runs; evaluate@sft becomes stale when models/sft changes.
+    # Only sft is stale before it runs; what reads models/sft becomes stale when it changes.
     status = json.loads(dvc("status", "--json", cwd=repo).stdout)
     assert list(status) == ["sft"]
     dry = dvc("repro", "--dry", cwd=repo)
     assert ran_stages(dry.stdout + dry.stderr) == ["sft"]
     base_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"]
     proc = dvc("repro", cwd=repo)
-    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft", "sft"]
+    assert ran_stages(proc.stdout + proc.stderr) == AFTER_SFT  # not teacher, distill or evaluate@teacher
     assert yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"] == base_lock
     diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)
     changed = diff["params.yaml"]["sft.learning_rate"]
     assert (changed["old"], changed["new"]) == (0.003, 0.002)
 
 
-def test_distill_params_split_between_sampling_and_sft(repo):
-    """distill.k re-samples (not the teacher); distill.logit_steps only matters to sft."""
+def test_params_split_between_stages(repo):
+    """distill.k re-samples (not the teacher); distill.logit_steps only matters to sft; rewards only to grpo."""
+    original = yaml.safe_load((repo / "params.yaml").read_text())
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["distill"]["logit_steps"] = 3
     write_params(repo, params)
     assert list(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["sft"]
     params["distill"]["k"] = 3
+    params["rewards"]["weights"] = {"accuracy": 1.0, "overlong": 0.5}
     write_params(repo, params)
-    assert sorted(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["distill", "sft"]
+    assert sorted(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["distill", "grpo", "sft"]
+    write_params(repo, original)
+    assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
+
+
+def test_changing_a_dpo_param_reruns_dpo_only(repo):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["dpo"]["beta"] = 0.2
+    write_params(repo, params)
     proc = dvc("repro", cwd=repo)
-    assert ran_stages(proc.stdout + proc.stderr) == ["distill", "evaluate@sft", "sft"]
-    distilled = json.loads((repo / "metrics/distill.json").read_text())
-    assert distilled["samples"] == 3 * distilled["questions_sampled"]
+    assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo"]
 
 
 def test_dvc_exp_run_with_a_changed_param(repo):
     """`dvc exp run -S` runs an experiment and `dvc exp show` lists its metrics beside the baseline."""
     sh(["git", "add", "-A"], repo)
-    sh(["git", "commit", "-qm", "lr 0.002"], repo)
-    proc = dvc("exp", "run", "-S", "sft.learning_rate=0.004", "-n", "lr4", cwd=repo)
-    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft", "sft"]
+    sh(["git", "commit", "-qm", "lr 0.002, dpo beta 0.2"], repo)
+    proc = dvc("exp", "run", "-S", "dpo.learning_rate=0.0001", "-n", "dpo-lr", cwd=repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo"]
     shown = json.dumps(json.loads(dvc("exp", "show", "--json", cwd=repo).stdout))  # normalised spacing
-    assert '"lr4"' in shown and '"learning_rate": 0.004' in shown
+    assert '"dpo-lr"' in shown and '"learning_rate": 0.0001' in shown

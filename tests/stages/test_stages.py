@@ -179,6 +179,134 @@ def test_evaluate(workspace):
     assert (paths.eval_plots_dir("sft") / "by_task_type.png").exists()
 
 
+def test_mine_buckets_the_pool_and_builds_pairs(workspace):
+    from stages import mine
+
+    mine.main()
+    metrics = json.loads(paths.metrics_file("mine").read_text())
+    pool = read_rows(paths.split_file("pool", "mine"))
+    rl = read_rows(paths.split_file("rl", "mine"))
+    pairs = read_rows(paths.split_file("pairs", "mine"))
+    assert metrics["pool_prompts"] == len(pool) == TINY_PARAMS["mine"]["pool_size"]
+    assert sum(metrics["buckets"].values()) == len(pool)
+    assert sum(metrics["pass_rate_histogram"].values()) == len(pool)
+    assert metrics["p0"] == pytest.approx(sum(r["pass_rate"] for r in pool) / len(pool), abs=1e-4)
+    # default repeats: unsolved 1, hard 2, easy 1, solved 0
+    b = metrics["buckets"]
+    assert len(rl) == metrics["rl_rows"] == b["unsolved"] + 2 * b["hard"] + b["easy"]
+    assert all(p["chosen"] != p["rejected"] and p["source"] == "policy" for p in pairs)
+    assert len(pairs) == metrics["preference_pairs"]
+    assert (paths.live_dir("mine") / "pass_rate.png").exists()
+    before = {f.name: f.read_bytes() for f in paths.stage_data("mine").iterdir()}
+    mine.main()  # a rerun writes the same bytes, so DVC does not re-run grpo and dpo
+    assert {f.name: f.read_bytes() for f in paths.stage_data("mine").iterdir()} == before
+
+
+def test_grpo_trains_with_guided_replay_and_logs_curves(workspace):
+    from stages import grpo
+
+    grpo.main()
+    metrics = json.loads(paths.metrics_file("grpo").read_text())
+    p = TINY_PARAMS["grpo"]
+    assert metrics["steps"] == p["max_steps"] and metrics["weights_changed"] == 1.0
+    assert metrics["rollouts"] == p["max_steps"] * p["prompts_per_step"] * p["num_generations"]
+    assert metrics["guided_replay"]["groups"] == p["max_steps"] * p["prompts_per_step"]
+    assert 0.0 <= metrics["p0"] <= 1.0 and metrics["p_star"] >= metrics["p0"]
+    assert metrics["success_prompts"] == p["success_prompts"] and 0.0 <= metrics["p_after"] <= 1.0
+    curves = paths.live_dir("grpo") / "plots" / "metrics"
+    assert (curves / "reward.tsv").exists() and (curves / "kl.tsv").exists()
+    assert (curves / "rewards" / "accuracy" / "mean.tsv").exists()
+    before = load_file(paths.model_dir("sft") / "model.safetensors")
+    after = load_file(paths.model_dir("grpo") / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_grpo_tbrm_one_rollout_per_prompt(workspace):
+    import yaml
+
+    from stages import grpo
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    saved = paths.model_dir("grpo") / "model.safetensors"
+    kept = saved.read_bytes()
+    try:
+        write_params(Path("."), {**params, "grpo": {**params["grpo"], "algorithm": "tbrm"}})
+        grpo.main()
+        metrics = json.loads(paths.metrics_file("grpo").read_text())
+    finally:
+        write_params(Path("."), params)
+    p = TINY_PARAMS["grpo"]
+    assert metrics["algorithm"] == "tbrm" and metrics["weights_changed"] == 1.0
+    assert metrics["rollouts"] == p["max_steps"] * p["prompts_per_step"] * p["num_generations"]  # equal rollouts
+    assert "guided_replay" not in metrics
+    assert saved.read_bytes() != kept
+    grpo.main()  # back to GRPO for the stages below
+
+
+def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
+    import yaml
+
+    from stages import grpo
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    saved = (paths.model_dir("grpo") / "model.safetensors").read_bytes()
+    bad = {**params, "rewards": {**params["rewards"], "weights": {"accuracy": 1.0, "helpfulness": 0.5}}}
+    Path("params.yaml").write_text(yaml.safe_dump(bad))
+    try:
+        with pytest.raises(SystemExit) as exc:
+            grpo.main()
+    finally:
+        write_params(Path("."), params)
+    assert exc.value.code == 2
+    assert "rewards.weights.helpfulness" in capsys.readouterr().err
+    assert (paths.model_dir("grpo") / "model.safetensors").read_bytes() == saved
+
+
+def test_sft_extended_trains_for_grpos_time(workspace):
+    from stages import sft_extended
+
+    sft_extended.main()
+    metrics = json.loads(paths.metrics_file("sft_extended").read_text())
+    grpo_seconds = json.loads(paths.metrics_file("grpo").read_text())["train_seconds"]
+    sft = json.loads(paths.metrics_file("sft").read_text())
+    assert metrics["target_seconds"] == pytest.approx(grpo_seconds, abs=0.1)
+    assert metrics["planned_steps"] == max(1, round(grpo_seconds / (sft["train_seconds"] / sft["steps"])))
+    assert metrics["steps"] == metrics["planned_steps"] and metrics["weights_changed"] == 1.0
+
+
+def test_dpo_on_policy_pairs(workspace):
+    import yaml
+
+    from stages import dpo
+
+    pairs = read_rows(paths.split_file("pairs", "mine")) + read_rows(paths.split_file("pairs", "distill"))
+    if not pairs:
+        pytest.skip("the tiny policy produced no right/wrong pair")
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    try:
+        write_params(Path("."), {**params, "dpo": {**params["dpo"], "pairs": "both"}})
+        dpo.main()
+    finally:
+        write_params(Path("."), params)
+    metrics = json.loads(paths.metrics_file("dpo").read_text())
+    assert metrics["pairs"] == len(pairs) and metrics["source"] == "both"
+    assert metrics["weights_changed"] == 1.0 and metrics["steps"] >= 1
+    assert (paths.live_dir("dpo") / "plots" / "metrics" / "rewards" / "margins.tsv").exists()
+
+
+def test_evaluate_reports_pass_at_k_and_maj_at_k(workspace):
+    from stages import evaluate
+
+    evaluate.main(["--model", "grpo"])
+    metrics = json.loads(paths.eval_metrics_file("grpo").read_text())
+    k = 4
+    for key in (f"pass_at_{k}", f"maj_at_{k}", f"pass_at_{k}_ood", f"maj_at_{k}_ood"):
+        assert 0.0 <= metrics[key] <= 1.0, key
+    assert metrics["sampled"]["questions"] == TINY_PARAMS["evaluate"]["k_samples"]
+    # pass@k is at least the mean sampled accuracy, maj@k needs an answer line
+    assert metrics[f"pass_at_{k}"] >= metrics["sampled"]["sampled_accuracy"]
+
+
 def test_corrupted_input_fails_naming_the_file(workspace, capsys):
     from stages import base
 

@@ -1,0 +1,237 @@
+"""Reinforcement learning on verifiable rewards: GRPO with guided replay, TBRM, success amplification.
+
+    metrics = rl_train(cfg, rewards_cfg, model, tokenizer, rows, work_dir, live_dir)
+
+- Rollouts come from `GuidedRollout`, TRL's `rollout_func` hook: the pipeline's
+  KV-cache decode loop (finished rows leave the batch) samples the G completions
+  of each prompt. With guided replay on, a group whose accuracy is at most tau
+  (every rollout wrong, by default) has its last rollouts replaced by the gold
+  rationale, so the group carries a positive advantage toward a right chain
+  (TaoSR-AGRL's adaptive guided replay; PROPA's SFT on trees that found nothing).
+- `TBRMTrainer` swaps GRPO's objective for the trajectory Bellman residual with
+  one rollout per prompt (ALGORITHMS.md, TBRM).
+- `success_amplification` is the fixed point p* of Mroueh's recurrence, the
+  theory's prediction for binary-reward GRPO from the SFT success rate p0.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from pipeline.config import GRPOStageConfig, RewardsConfig
+from pipeline.generation import decode
+from pipeline.grading import extract_answer, grade
+from pipeline.rewards import build_rewards
+from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed
+
+RL_COLUMNS = ("id", "prompt", "answer", "answer_type", "step_values", "rationale")
+
+
+def success_amplification(p0: float, beta: float, eps: float = 1e-8, iterations: int = 10_000) -> float:
+    """Fixed point of p_n = sigmoid(logit p0 + 1 / (beta * sqrt(p_{n-1}(1 - p_{n-1}) + eps))), from p0."""
+    if not 0.0 < p0 < 1.0:
+        return p0  # nothing to amplify: always or never right
+    logit0, p = math.log(p0 / (1 - p0)), p0
+    for _ in range(iterations):
+        x = logit0 + 1.0 / (beta * math.sqrt(p * (1 - p) + eps))
+        nxt = 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+        if abs(nxt - p) < 1e-12:
+            break
+        p = nxt
+    return p
+
+
+class GuidedRollout:
+    """TRL `rollout_func`: sample each prompt's G completions, then guided replay for all-fail groups.
+
+    `gold` maps a prompt to its row (answer, answer_type, rationale). `stats` counts
+    groups, replayed groups and replaced samples over the whole run.
+    """
+
+    def __init__(self, gold: dict[str, dict], *, num_generations: int, max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int, replay: bool, replay_max_accuracy: float = 0.0,
+                 replay_samples: int = 1) -> None:
+        self.gold, self.g, self.max_new_tokens = gold, num_generations, max_new_tokens
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.replay, self.tau, self.replay_samples = replay, replay_max_accuracy, replay_samples
+        self.stats: Counter = Counter()
+
+    def __call__(self, prompts: list[str], trainer) -> dict:
+        tokenizer = trainer.processing_class
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        prompt_ids = tokenizer(text=prompts)["input_ids"]  # as TRL's own generation tokenizes them
+        completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step)
+        if self.replay:
+            completion_ids = self.guide(prompts, completion_ids, tokenizer, trainer)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+    def sample(self, model, tokenizer, prompt_ids: list[list[int]], step: int) -> list[list[int]]:
+        width = max(map(len, prompt_ids))
+        pad = tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=model.device)
+        rng = torch.Generator().manual_seed(self.seed * 1_000_003 + step)  # new draws every step, reproducible
+        return decode(model, ids, mask, self.max_new_tokens, tokenizer.eos_token_id, (self.temperature, self.top_p, rng))
+
+    def guide(self, prompts: list[str], completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
+        """Replace the last `replay_samples` rollouts of each failing group with the gold rationale."""
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        out = list(completion_ids)
+        replayed = 0
+        for start in range(0, len(prompts), self.g):
+            row = self.gold[prompts[start]]
+            group = texts[start : start + self.g]
+            accuracy = sum(grade(extract_answer(t), row["answer"], row["answer_type"]) for t in group) / len(group)
+            self.stats["groups"] += 1
+            if accuracy > self.tau + 1e-9:
+                continue
+            guided = tokenizer(row["rationale"], add_special_tokens=False)["input_ids"][: self.max_new_tokens - 1]
+            for i in range(start + self.g - self.replay_samples, start + self.g):
+                out[i] = guided + [tokenizer.eos_token_id]
+            replayed += 1
+        self.stats["replayed_groups"] += replayed
+        self.stats["replayed_samples"] += replayed * self.replay_samples
+        if trainer is not None and hasattr(trainer, "_log_metric"):
+            trainer._log_metric("guided_replay/group_share", replayed / max(len(prompts) // self.g, 1))
+        return out
+
+
+class TBRMTrainer(GRPOTrainer):
+    """Trajectory Bellman Residual Minimisation on GRPOTrainer's rollout and reward machinery.
+
+    Loss per trajectory: (b * logsumexp z(s1) + b * sum_h log(pi(a_h|s_h) / pi_ref(a_h|s_h)) - r)^2, with the
+    logits z as soft Q-values (b = `tbrm_beta`), one rollout per prompt, no length normalisation.
+    The reference is a frozen copy of the starting policy.
+    """
+
+    def __init__(self, *args, tbrm_beta: float, **kwargs) -> None:
+        policy = kwargs["model"]
+        # Copied before TRL sets up the policy: TRL swaps in a forward bound to the policy instance,
+        # and a copy taken afterwards would keep calling the policy (a KL of exactly 0).
+        self.tbrm_ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        super().__init__(*args, **kwargs)
+        self.tbrm_beta = tbrm_beta
+        self._tbrm_rewards: torch.Tensor | None = None
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # r(tau): the weighted reward sum (None terms skipped), kept for the loss in place of an advantage
+        self._tbrm_rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        return per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        n = output["completion_ids"].size(0)
+        start = self.accelerator.process_index * n
+        output["advantages"] = self._tbrm_rewards[start : start + n]
+        return output
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        mask = inputs["completion_mask"].float()
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        width = prompt_ids.size(1)  # prompts are left-padded: s1 is the last prompt position for every row
+
+        def logps_and_first(net):
+            logits = net(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+            steps = logits[:, width - 1 : -1, :]
+            logp = torch.log_softmax(steps, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            return logp, logits[:, width - 1, :]
+
+        logp, z_first = logps_and_first(model)
+        with torch.no_grad():
+            ref_logp, _ = logps_and_first(self.tbrm_ref.to(input_ids.device))
+        log_ratio = ((logp - ref_logp) * mask).sum(dim=1)
+        residual = self.tbrm_beta * torch.logsumexp(z_first, dim=-1) + self.tbrm_beta * log_ratio - inputs["advantages"]
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["tbrm/residual"].append(residual.detach().abs().mean().item())
+        self._metrics[mode]["kl"].append((log_ratio.detach() / mask.sum(1).clamp(min=1)).mean().item())
+        return (residual**2).mean()
+
+
+def rl_dataset(rows: Sequence[dict]) -> Dataset:
+    return Dataset.from_dict({c: [r[c] for r in rows] for c in RL_COLUMNS})
+
+
+def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Path, **overrides) -> GRPOConfig:
+    """TRL GRPOConfig from the params section (also used by bench/grpo_step.py for the raw-TRL baseline)."""
+    tbrm = cfg.algorithm == "tbrm"
+    generations = 2 if tbrm else cfg.num_generations  # TRL refuses G < 2 at parse time; TBRM resets it to 1
+    args = dict(
+        output_dir=str(output_dir),
+        seed=cfg.seed,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.prompts_per_step * generations,
+        num_generations=generations,
+        max_completion_length=cfg.max_completion_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        beta=0.0 if tbrm else cfg.beta,  # TBRM keeps its own frozen reference
+        epsilon=cfg.epsilon,
+        scale_rewards=cfg.scale_rewards,
+        loss_type=cfg.loss_type,
+        reward_weights=rewards_weights,
+        logging_steps=cfg.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        **device_kwargs(),
+    )
+    args.update(overrides)
+    grpo = GRPOConfig(**args)
+    if tbrm:
+        grpo.num_generations = 1
+        grpo.per_device_train_batch_size = cfg.prompts_per_step * cfg.num_generations  # equal rollouts per step
+        grpo.generation_batch_size = grpo.per_device_train_batch_size * grpo.steps_per_generation
+    return grpo
+
+
+def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer, rows: Sequence[dict],
+             work_dir: Path, live_dir: Path) -> dict:
+    """GRPO (or TBRM) in place on `model` over the mined rows; returns summary metrics."""
+    funcs, weights = build_rewards(rewards_cfg)
+    rollout = GuidedRollout(
+        {r["prompt"]: r for r in rows}, num_generations=1 if cfg.algorithm == "tbrm" else cfg.num_generations,
+        max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+        replay=cfg.guided_replay and cfg.algorithm == "grpo", replay_max_accuracy=cfg.replay_max_accuracy,
+        replay_samples=cfg.replay_samples,
+    )
+    kwargs = dict(model=model, reward_funcs=funcs, args=grpo_args(cfg, weights, work_dir), train_dataset=rl_dataset(rows),
+                  processing_class=tokenizer, rollout_func=rollout, callbacks=[dvclive_callback(live_dir)])
+    trainer = TBRMTrainer(**kwargs, tbrm_beta=cfg.beta) if cfg.algorithm == "tbrm" else GRPOTrainer(**kwargs)
+    before = snapshot(model)
+    start = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - start
+    logs = [log for log in trainer.state.log_history if "reward" in log]
+    first, last = (logs[0], logs[-1]) if logs else ({}, {})
+    metrics = {
+        "algorithm": cfg.algorithm,
+        "steps": result.global_step,
+        "prompts": len(rows),
+        "rollouts": result.global_step * trainer.args.per_device_train_batch_size,
+        "train_seconds": round(seconds, 1),
+        "seconds_per_step": round(seconds / max(result.global_step, 1), 3),
+        "reward_first": round(first.get("reward", float("nan")), 4),
+        "reward_last": round(last.get("reward", float("nan")), 4),
+        "accuracy_reward_first": round(first.get("rewards/accuracy/mean", float("nan")), 4),
+        "accuracy_reward_last": round(last.get("rewards/accuracy/mean", float("nan")), 4),
+        "kl_last": round(last.get("kl", 0.0), 5),
+        "weights_changed": round(weights_changed(before, model), 3),
+    }
+    if rollout.replay:
+        metrics["guided_replay"] = dict(rollout.stats)
+    return metrics

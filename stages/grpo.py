@@ -1,0 +1,78 @@
+"""python -m stages.grpo
+
+RL from the SFT model on the mined set (data/mine/rl.parquet) with TRL's
+GRPOTrainer, the rewards of the `rewards` params section (pipeline/rewards.py)
+and, with `grpo.guided_replay`, the gold rationale replayed into groups that
+failed entirely (pipeline/rl.py). `grpo.algorithm: tbrm` trains the trajectory
+Bellman residual instead, one rollout per prompt at the same rollouts per step.
+
+Reward, per-reward and KL curves go through dvclive into plots/grpo/; the
+summary, with p0 (the SFT policy's sampled success rate on the RL pool, from
+mine), the success-amplification fixed point p*(p0, beta), and the success rate
+measured after training on the same pool prompts (p_after beside p_before), into
+metrics/grpo.json; the model into models/grpo/.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from pipeline import paths
+from pipeline.config import GRPOStageConfig, RewardsConfig, load_section
+from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.generation import LocalSampler
+from pipeline.grading import extract_answer, grade
+from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
+from pipeline.models import load_model, save_model
+from pipeline.rl import RL_COLUMNS, rl_train, success_amplification
+
+RL_SET = paths.split_file("rl", stage="mine")
+POOL = paths.split_file("pool", stage="mine")
+
+
+def success_after(cfg: GRPOStageConfig, model, tokenizer, pool: list[dict]) -> dict:
+    """The trained policy's sampled success rate on the first `success_prompts` pool prompts, beside the SFT
+    policy's on the same prompts (their pass rates from mine): the measured side of the p* comparison."""
+    rows = pool[: cfg.success_prompts]
+    if not rows:
+        return {}
+    samples = LocalSampler(model, tokenizer, batch_size=512).sample(
+        [r["prompt"] for r in rows], n=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
+        max_new_tokens=cfg.max_completion_length, seed=cfg.seed,
+    )
+    after = [sum(grade(extract_answer(g.text), r["answer"], r["answer_type"]) for g in gens) / len(gens)
+             for r, gens in zip(rows, samples)]
+    return {"success_prompts": len(rows), "p_before": round(sum(r["pass_rate"] for r in rows) / len(rows), 4),
+            "p_after": round(sum(after) / len(rows), 4)}
+
+
+def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig) -> None:
+    rows = read_rows(RL_SET, required=RL_COLUMNS)
+    if not rows:
+        raise InputError(f"{RL_SET}: no prompts to train on (mine.repeat_* exclude every bucket?)")
+    pool = read_rows(POOL, required=("prompt", "answer", "answer_type", "pass_rate"))
+    p0 = sum(r["pass_rate"] for r in pool) / max(len(pool), 1)
+    model, tokenizer = load_model(paths.model_dir("sft"))
+    with atomic_dir(paths.model_dir("grpo")) as out, atomic_dir(paths.live_dir("grpo")) as live:
+        metrics = rl_train(cfg, rewards, model, tokenizer, rows, out / ".trainer", live)
+        # The theory's yardstick: binary-reward GRPO from p0 with KL weight beta converges to p*.
+        metrics["p0"] = round(p0, 4)
+        metrics["p_star"] = round(success_amplification(p0, cfg.beta), 4) if cfg.beta > 0 else 1.0
+        metrics.update(success_after(cfg, model, tokenizer, pool))
+        stage_logger().info("grpo: %s", metrics)
+        shutil.rmtree(out / ".trainer", ignore_errors=True)
+        save_model(model, tokenizer, out)
+        write_manifest(out, "grpo", cfg, inputs=[paths.model_dir("sft"), RL_SET], name=paths.MODEL_MANIFEST,
+                       metrics=metrics, rewards=rewards.model_dump(mode="json"))
+    write_json(paths.metrics_file("grpo"), metrics)
+
+
+def main() -> None:
+    with expected_errors():
+        cfg = load_section("grpo", GRPOStageConfig)
+        rewards = load_section("rewards", RewardsConfig)
+    run_stage("grpo", _flow, cfg, rewards)
+
+
+if __name__ == "__main__":
+    main()
