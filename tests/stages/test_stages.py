@@ -274,24 +274,34 @@ def test_sft_extended_trains_for_grpos_time(workspace):
     assert metrics["steps"] == metrics["planned_steps"] and metrics["weights_changed"] == 1.0
 
 
-def test_dpo_on_policy_pairs(workspace):
-    import yaml
-
+def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):
     from stages import dpo
 
-    pairs = read_rows(paths.split_file("pairs", "mine")) + read_rows(paths.split_file("pairs", "distill"))
-    if not pairs:
-        pytest.skip("the tiny policy produced no right/wrong pair")
-    params = yaml.safe_load(Path("params.yaml").read_text())
+    from pipeline.distill import PAIR_SCHEMA
+    from pipeline.io import write_rows
+
+    pairs_file = paths.split_file("pairs", "mine")
+    mined = pairs_file.read_bytes()
+    gold = read_rows(paths.split_file("train"))[:8]
+    # right vs wrong chains of the same prompts: the gold rationale against one with the answer changed
+    pairs = [{"id": r["id"], "prompt": r["prompt"], "chosen": r["rationale"],
+              "rejected": r["rationale"].rsplit("Answer:", 1)[0] + "Answer: 12345", "source": "policy"} for r in gold]
     try:
-        write_params(Path("."), {**params, "dpo": {**params["dpo"], "pairs": "both"}})
+        write_rows(pairs_file, [], schema=PAIR_SCHEMA)
         dpo.main()
+        empty = json.loads(paths.metrics_file("dpo").read_text())
+        write_rows(pairs_file, pairs, schema=PAIR_SCHEMA)
+        dpo.main()
+        metrics = json.loads(paths.metrics_file("dpo").read_text())
     finally:
-        write_params(Path("."), params)
-    metrics = json.loads(paths.metrics_file("dpo").read_text())
-    assert metrics["pairs"] == len(pairs) and metrics["source"] == "both"
-    assert metrics["weights_changed"] == 1.0 and metrics["steps"] >= 1
+        pairs_file.write_bytes(mined)
+    assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0}  # the SFT model, said so
+    assert metrics["pairs"] == 8 and metrics["weights_changed"] == 1.0
+    assert metrics["steps"] == 2  # 8 pairs, batch 4, 1 epoch
     assert (paths.live_dir("dpo") / "plots" / "metrics" / "rewards" / "margins.tsv").exists()
+    before = load_file(paths.model_dir("sft") / "model.safetensors")
+    after = load_file(paths.model_dir("dpo") / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_evaluate_reports_pass_at_k_and_maj_at_k(workspace):
