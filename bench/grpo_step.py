@@ -17,12 +17,10 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from transformers import TrainerCallback  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from pipeline import paths  # noqa: E402
@@ -31,19 +29,7 @@ from pipeline.io import read_rows  # noqa: E402
 from pipeline.models import load_model  # noqa: E402
 from pipeline.rewards import build_rewards  # noqa: E402
 from pipeline.rl import GuidedRollout, grpo_args, rl_dataset  # noqa: E402
-
-
-class StepTimer(TrainerCallback):
-    """Wall seconds of every optimizer step (rollouts, rewards, loss, update)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.times.append(time.perf_counter() - self._start)
+from sft_step import StepTimer  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def median_step(cfg: GRPOStageConfig, rewards: RewardsConfig, rows: list[dict], out: Path, rollout: str,
