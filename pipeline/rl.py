@@ -29,8 +29,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.generation import decode
-from pipeline.grading import extract_answer, grade
-from pipeline.rewards import build_rewards
+from pipeline.rewards import build_rewards, is_correct
 from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed
 
 RL_COLUMNS = ("id", "prompt", "answer", "answer_type", "step_values", "rationale")
@@ -90,7 +89,7 @@ class GuidedRollout:
         for start in range(0, len(prompts), self.g):
             row = self.gold[prompts[start]]
             group = texts[start : start + self.g]
-            accuracy = sum(grade(extract_answer(t), row["answer"], row["answer_type"]) for t in group) / len(group)
+            accuracy = sum(is_correct(t, row["answer"], row["answer_type"]) for t in group) / len(group)
             self.stats["groups"] += 1
             if accuracy > self.tau + 1e-9:
                 continue

@@ -19,9 +19,9 @@ import shutil
 
 from pipeline import paths
 from pipeline.config import GRPOStageConfig, RewardsConfig, load_section
+from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
-from pipeline.grading import extract_answer, grade
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import load_model, save_model
 from pipeline.rl import RL_COLUMNS, rl_train, success_amplification
@@ -40,10 +40,9 @@ def success_after(cfg: GRPOStageConfig, model, tokenizer, pool: list[dict]) -> d
         [r["prompt"] for r in rows], n=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
         max_new_tokens=cfg.max_completion_length, seed=cfg.seed,
     )
-    after = [sum(grade(extract_answer(g.text), r["answer"], r["answer_type"]) for g in gens) / len(gens)
-             for r, gens in zip(rows, samples)]
+    after = sampled_metrics(rows, [[g.text for g in gens] for gens in samples], cfg.num_generations)
     return {"success_prompts": len(rows), "p_before": round(sum(r["pass_rate"] for r in rows) / len(rows), 4),
-            "p_after": round(sum(after) / len(rows), 4)}
+            "p_after": after["sampled_accuracy"]}
 
 
 def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig) -> None:
