@@ -42,11 +42,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
+    from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
 
     for row in metrics_rows():
         print(f"{row['file']:40s} {row['metric']:40s} {row['value']}")
     print()
     print(models_markdown())
+    print()
+    evaluations = load_evaluations()
+    print(decoding_markdown(evaluations))
+    print()
+    print(generalisation_markdown(evaluations))
     print()
     print(diff_markdown(args.rev))
     return 0

@@ -29,6 +29,7 @@ class Section(BaseModel):
 
 ChartType = Literal["bar", "grouped_bar", "stacked_bar", "line", "pie"]
 AnswerType = Literal["number", "binary", "text"]
+Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 
 
 class SynthesizeConfig(Section):
@@ -112,9 +113,7 @@ class TrainConfig(Section):
     per_device_train_batch_size: int = Field(16, ge=1, description="sequences per optimizer step")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     warmup_steps: float = Field(0.03, ge=0, description="linear warm-up: a share of all steps when < 1, else a step count")
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
-        "cosine", description="learning-rate schedule"
-    )
+    lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     max_length: int = Field(1024, ge=16, description="truncate prompt+completion to this many tokens")
     group_by_length: bool = Field(
@@ -303,9 +302,7 @@ class GRPOStageConfig(Section):
         "grpo", description="grpo: group-relative advantages over G rollouts; tbrm: trajectory Bellman residual, one rollout"
     )
     learning_rate: float = Field(1e-4, gt=0, lt=1, description="peak learning rate")
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
-        "constant_with_warmup", description="learning-rate schedule"
-    )
+    lr_scheduler_type: Scheduler = Field("constant_with_warmup", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up: a share of all steps when < 1, else steps")
     max_steps: int = Field(45, ge=1, description="optimizer steps")
     prompts_per_step: int = Field(8, ge=1, description="prompts per optimizer step (each with G rollouts)")
@@ -346,7 +343,7 @@ class DPOStageConfig(Section):
     learning_rate: float = Field(5e-5, gt=0, lt=1, description="peak learning rate")
     num_train_epochs: float = Field(2.0, gt=0, description="passes over the pairs")
     per_device_train_batch_size: int = Field(16, ge=1, description="pairs per optimizer step")
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("cosine")
+    lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
     nll_weight: float = Field(
         0.0, ge=0, description="weight of an NLL loss on the chosen completion (RPO); 0 is plain DPO"
@@ -359,12 +356,80 @@ class SFTExtendedConfig(Section):
     """`sft_extended`: the compute-matched baseline. SFT continues from models/sft for GRPO's wall-clock time."""
 
     learning_rate: float = Field(3e-4, gt=0, lt=1, description="peak learning rate of the continued SFT")
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("cosine")
+    lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     time_factor: float = Field(1.0, gt=0, description="train for this multiple of GRPO's measured training seconds")
 
 
+class PRMDataConfig(Section):
+    """`prm_data`: step labels for the PRM, from the CoF gold values and from PROPA's MCTS with the policy."""
+
+    seed: int = Field(0, description="question sample and sampling seed")
+    policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
+    gold_questions: int = Field(1500, ge=1, description="gold labels: training questions sampled")
+    val_questions: int = Field(300, ge=0, description="gold labels on validation questions: the PRM's held-out set")
+    samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
+    temperature: float = Field(0.8, gt=0, description="gold labels: sampling temperature")
+    max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
+    batch_size: int = Field(512, ge=1, description="sequences generated together")
+    mcts_questions: int = Field(100, ge=0, description="MCTS labels: training questions searched (0: gold labels only)")
+    iterations: int = Field(8, ge=1, description="MCTS iterations per question (PROPA: 20)")
+    children: int = Field(4, ge=1, description="candidate next steps per expansion")
+    ucb_c: float = Field(1.0, ge=0, description="UCB exploration constant")
+    expand_temperature: float = Field(1.2, gt=0, description="expansion sampling temperature")
+    expand_top_k: int = Field(50, ge=0, description="expansion top-k (0: off)")
+    expand_top_p: float = Field(0.95, gt=0, le=1, description="expansion nucleus sampling")
+    step_tokens: int = Field(64, ge=1, description="token limit of one sampled step (PROPA: 128)")
+    max_steps: int = Field(8, ge=1, description="lines below the root before a path counts as terminal")
+
+
+class PRMConfig(Section):
+    """`prm`: the process reward model, the policy's architecture with a score head at each line end."""
+
+    seed: int = Field(0, description="RNG seed for the head's initialisation and data order")
+    sources: list[Literal["gold", "mcts"]] = Field(
+        ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
+    )
+    learning_rate: float = Field(5e-4, gt=0, lt=1, description="peak learning rate")
+    lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
+    warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
+    num_train_epochs: float = Field(2.0, gt=0, description="passes over the labelled paths")
+    per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
+    logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")
+    batch_size: int = Field(64, ge=1, description="paths scored together when measuring held-out AUROC")
+
+
+class DecodingConfig(Section):
+    """`evaluate.decoding`: decoding strategies at one sample budget N, on the pass@k questions (`k_samples`).
+
+    Whole samples are the pass@k samples (max(k, N) are drawn at `k_temperature`);
+    beam search and PRM-MCTS sample lines at the same temperature.
+    """
+
+    strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"]] = Field(
+        ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
+    )
+    prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
+    n: int = Field(8, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
+    aggregation: Literal["min", "last", "mean"] = Field("last", description="best-of-N: a solution's score from its lines")
+    beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
+    mcts_iterations: int = Field(8, ge=1, description="PRM-MCTS: iterations per question")
+    mcts_children: int = Field(4, ge=1, description="PRM-MCTS: candidate lines per expansion")
+    ucb_c: float = Field(1.0, ge=0, description="PRM-MCTS: UCB exploration constant")
+    max_steps: int = Field(8, ge=1, description="beam search and PRM-MCTS: lines per solution at most")
+    step_tokens: int = Field(64, ge=1, description="token limit of one sampled line")
+    prm_batch_size: int = Field(64, ge=1, description="paths the PRM scores together")
+
+    @model_validator(mode="after")
+    def _beam(self) -> "DecodingConfig":
+        if self.beam_width > self.n:
+            raise ValueError("beam_width must be <= n (each step samples n candidate lines in all)")
+        return self
+
+
 class EvaluateConfig(Section):
-    """`evaluate`: batched greedy generation on test and ood, graded per question."""
+    """`evaluate`: batched greedy generation on test and ood, graded per question; PRM-guided decoding."""
 
     batch_size: int = Field(64, ge=1, description="questions generated together")
     max_new_tokens: int = Field(192, ge=1, description="generation limit per question, in tokens")
@@ -373,6 +438,7 @@ class EvaluateConfig(Section):
     k: int = Field(4, ge=1, description="pass@k and maj@k: samples per question")
     k_samples: int | None = Field(200, ge=1, description="pass@k and maj@k: on the first N questions of each split")
     k_temperature: float = Field(0.8, gt=0, description="pass@k and maj@k: sampling temperature")
+    decoding: DecodingConfig = Field(default_factory=DecodingConfig, description="PRM-guided decoding")
 
 
 SECTIONS: dict[str, type[Section]] = {
@@ -386,6 +452,8 @@ SECTIONS: dict[str, type[Section]] = {
     "grpo": GRPOStageConfig,
     "dpo": DPOStageConfig,
     "sft_extended": SFTExtendedConfig,
+    "prm_data": PRMDataConfig,
+    "prm": PRMConfig,
     "evaluate": EvaluateConfig,
 }
 

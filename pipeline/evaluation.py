@@ -114,13 +114,13 @@ def majority_vote(predictions: Sequence[str | None], answer_type: str) -> str | 
 
 
 def sampled_metrics(rows: Sequence[dict], samples: Sequence[Sequence[str]], k: int) -> dict:
-    """pass@k and maj@k over k sampled completions per question, with the mean sampled accuracy."""
+    """pass@k (unbiased, from all n >= k samples), maj@k (the first k) and the mean sampled accuracy."""
     passes, majority, mean = [], [], []
     for row, texts in zip(rows, samples):
         predictions = [extract_answer(t) for t in texts]
         correct = [p is not None and grade(p, row["answer"], row["answer_type"]) for p in predictions]
         passes.append(pass_at_k(len(correct), sum(correct), k))
-        voted = majority_vote(predictions, row["answer_type"])
+        voted = majority_vote(predictions[:k], row["answer_type"])
         majority.append(voted is not None and grade(voted, row["answer"], row["answer_type"]))
         mean.append(sum(correct) / max(len(correct), 1))
     n = max(len(rows), 1)

@@ -35,10 +35,13 @@ def generate(
     num_return_sequences: int = 1,
     seed: int = 0,
     progress: bool = True,
+    top_k: int = 0,
+    stop_ids: Sequence[int] = (),
 ) -> list[list[Generation]]:
     """For each prompt, `num_return_sequences` completions (greedy unless do_sample).
 
     `batch_size` counts sequences: a batch holds batch_size // num_return_sequences prompts.
+    A completion ends at EOS or at a token of `stop_ids`, which stays in its text.
     """
     model.eval()
     tokenizer.padding_side = "left"
@@ -51,23 +54,26 @@ def generate(
         enc = tokenizer([prompts[i] for i in batch], return_tensors="pt", padding=True, add_special_tokens=False)
         ids = enc["input_ids"].repeat_interleave(num_return_sequences, dim=0)
         mask = enc["attention_mask"].repeat_interleave(num_return_sequences, dim=0)
-        sample = (temperature, top_p, rng) if do_sample else None
+        sample = (temperature, top_p, rng, top_k) if do_sample else None
         for row, tokens in enumerate(decode(model, ids.to(model.device), mask.to(model.device), max_new_tokens,
-                                            tokenizer.eos_token_id, sample)):
+                                            tokenizer.eos_token_id, sample, stop_ids)):
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             results[batch[row // num_return_sequences]].append(Generation(text=text, tokens=len(tokens)))
     return results
 
 
 @torch.inference_mode()
-def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, sample=None) -> list[list[int]]:
-    """Token ids generated for each row (up to and including EOS), with a KV cache.
+def decode(
+    model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, sample=None, stop_ids: Sequence[int] = ()
+) -> list[list[int]]:
+    """Token ids generated for each row (up to and including EOS or a stop token), with a KV cache.
 
     Unlike `model.generate`, a row that has emitted EOS leaves the batch (its cache
     rows are dropped), so a batch does not keep paying for finished sequences
     while its longest one runs on: 2-3x more tokens/s for sampled traces here
-    (bench/teacher_sampling.py). `sample` is (temperature, top_p, torch.Generator),
-    or None for greedy decoding.
+    (bench/teacher_sampling.py). `sample` is (temperature, top_p, torch.Generator)
+    or (temperature, top_p, torch.Generator, top_k), or None for greedy decoding.
+    `stop_ids` end a row like EOS does (the newline token: one reasoning step at a time).
     """
     from transformers import DynamicCache
 
@@ -78,6 +84,7 @@ def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, s
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=True, logits_to_keep=1, **cache_kw).logits[:, -1, :]
     alive = torch.arange(input_ids.shape[0])
+    finish = torch.tensor([eos_id, *stop_ids], device=input_ids.device)
     out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     for step in range(max_new_tokens):
         next_ids = _pick(logits, sample)
@@ -85,7 +92,7 @@ def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, s
             out[row].append(token)
         if step == max_new_tokens - 1:
             break
-        running = next_ids != eos_id
+        running = ~torch.isin(next_ids, finish)
         if not running.all():
             keep = running.nonzero().squeeze(1)
             if keep.numel() == 0:
@@ -100,11 +107,15 @@ def decode(model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, s
 
 
 def _pick(logits: torch.Tensor, sample) -> torch.Tensor:
-    """Greedy argmax, or temperature + nucleus (top-p) sampling from the given generator."""
+    """Greedy argmax, or temperature + top-k + nucleus (top-p) sampling from the given generator."""
     if sample is None:
         return logits.argmax(-1)
-    temperature, top_p, rng = sample
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    temperature, top_p, rng, top_k = (*sample, 0) if len(sample) == 3 else sample
+    logits = logits.float()
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1.0:
         sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
         # drop a token when the tokens ranked above it already cover top_p

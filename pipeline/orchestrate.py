@@ -19,6 +19,7 @@ from prefect import flow
 from pipeline import paths
 from pipeline.config import validate_all
 from pipeline.flows import publish_markdown, publish_table, stage_logger
+from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
 
 
 def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
@@ -63,19 +64,12 @@ def diff_markdown(rev: str = "HEAD") -> str:
     return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {rev}."
 
 
-MODELS = ("teacher", "sft", "sft_extended", "grpo", "dpo")
-
-
 def models_markdown(root: Path = paths.METRICS) -> str:
     """Every evaluated model side by side (greedy accuracy, pass@k, maj@k), then the RL yardstick:
     p0 (the SFT policy's sampled success on the RL pool), p*(p0, beta) and the success measured after GRPO."""
     lines = ["| model | test | ood | step accuracy | pass@k | maj@k | sampled accuracy | tokens/question |",
              "|---|---|---|---|---|---|---|---|"]
-    for name in MODELS:
-        file = root / "evaluate" / f"{name}.json"
-        if not file.exists():
-            continue
-        m = json.loads(file.read_text())
+    for name, m in load_evaluations(root).items():
         sampled = m.get("sampled", {})
         k = sampled.get("k")
         lines.append(
@@ -83,6 +77,12 @@ def models_markdown(root: Path = paths.METRICS) -> str:
             f"{m.get(f'pass_at_{k}')} (k={k}) | {m.get(f'maj_at_{k}')} | {sampled.get('sampled_accuracy')} | "
             f"{m.get('tokens_per_question')} |"
         )
+    prm_file = root / "prm.json"
+    if prm_file.exists():
+        p = json.loads(prm_file.read_text())
+        lines += ["", f"PRM on held-out gold step labels ({p['held_out']['lines']} lines): AUROC {p.get('auroc')} "
+                      f"(steps {p['held_out'].get('auroc_steps')}, answers {p['held_out'].get('auroc_answers')}), "
+                      f"accuracy {p.get('accuracy')}, ECE {p.get('ece')}."]
     grpo_file = root / "grpo.json"
     if grpo_file.exists():
         g = json.loads(grpo_file.read_text())
@@ -112,4 +112,9 @@ def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool
         publish_table("pipeline-metrics", rows, "Metrics of this pipeline version (metrics/*.json)")
     publish_markdown("pipeline-metrics-diff", diff_markdown(), "dvc metrics diff against git HEAD")
     publish_markdown("pipeline-models", models_markdown(), "Every evaluated model side by side, and the RL yardstick")
+    evaluations = load_evaluations()
+    publish_markdown("pipeline-decoding", decoding_markdown(evaluations),
+                     "Decoding strategies at one sample budget: accuracy beside cost; faithfulness")
+    publish_markdown("pipeline-generalisation", generalisation_markdown(evaluations),
+                     "Accuracy per task type, in-domain and out-of-domain, every model and strategy")
     return {r["file"] + ":" + r["metric"]: r["value"] for r in rows}

@@ -28,3 +28,45 @@ def bar_chart(
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
+
+
+def reliability_chart(table: list[dict], path: Path, title: str) -> None:
+    """Observed rate against mean predicted score per bin (pipeline.prm.calibration), the diagonal for reference."""
+    fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=100)
+    ax.plot([0, 1], [0, 1], color="#999999", linestyle="--", linewidth=1, label="perfectly calibrated")
+    ax.plot([r["predicted"] for r in table], [r["observed"] for r in table], marker="o", color="#4c72b0", label="PRM")
+    for r in table:
+        ax.annotate(str(r["lines"]), (r["predicted"], r["observed"]), fontsize=7, xytext=(3, -9),
+                    textcoords="offset points")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("mean predicted score (bin)")
+    ax.set_ylabel("share of right lines")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def heatmap(panels: dict[str, tuple[list[str], list[str], list[list[float | None]]]], path: Path, title: str) -> None:
+    """One annotated heatmap per panel (rows, columns, values in [0, 1]; None is blank), side by side."""
+    widths = [len(cols) for _, cols, _ in panels.values()]
+    rows = max(len(r) for r, _, _ in panels.values())
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.0 + 0.75 * sum(widths) + 2.5, 0.35 * rows + 2), dpi=100,
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    for ax, (name, (row_names, col_names, values)) in zip(axes[0], panels.items()):
+        grid = [[float("nan") if v is None else v for v in row] for row in values]
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for i, row in enumerate(values):
+            for j, v in enumerate(row):
+                if v is not None:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if v < 0.6 else "black")
+        ax.set_xticks(range(len(col_names)), col_names, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(row_names)), row_names if ax is axes[0][0] else [""] * len(row_names), fontsize=8)
+        ax.set_title(name, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
+from transformers import Trainer
 from trl import SFTConfig as TRLSFTConfig
 
 from pipeline.config import TrainConfig
@@ -204,5 +205,65 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
         "train_seconds": round(seconds, 1),
         "reward_accuracy_last": round(logs[-1]["rewards/accuracies"], 4) if logs else None,
         "reward_margin_last": round(logs[-1]["rewards/margins"], 4) if logs else None,
+        "weights_changed": round(weights_changed(before, model), 3),
+    }
+
+
+class PRMTrainer(Trainer):
+    """transformers' Trainer with the PRM loss at the scored line ends (pipeline.prm.prm_loss)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        from pipeline.prm import prm_loss
+
+        positions, labels, kinds = (inputs.pop(k) for k in ("score_positions", "score_labels", "score_kinds"))
+        outputs = model(**inputs)
+        loss = prm_loss(outputs.logits.float(), positions, labels, kinds)
+        return (loss, outputs) if return_outputs else loss
+
+
+def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
+    """Train a token-classification PRM in place on step-label rows; `cfg` is the `prm` section."""
+    from transformers import TrainingArguments
+
+    from pipeline.prm import LABEL_KINDS, collate, encode
+
+    features, too_long = [], 0
+    for r in rows:
+        ids, positions = encode(tokenizer, r["prompt"], r["steps"])
+        if len(ids) > cfg.max_length:
+            too_long += 1
+            continue
+        features.append({"input_ids": ids, "positions": positions, "line_labels": list(r["labels"]),
+                         "kind": LABEL_KINDS[r["source"]]})
+    args = TrainingArguments(
+        output_dir=str(work_dir),
+        seed=cfg.seed,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps,
+        num_train_epochs=cfg.num_train_epochs,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        weight_decay=cfg.weight_decay,
+        logging_steps=cfg.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,  # the collator needs positions, labels and kinds
+        **device_kwargs(),
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    before = snapshot(model)
+    trainer = PRMTrainer(model=model, args=args, train_dataset=Dataset.from_list(features),
+                         data_collator=lambda batch: collate(batch, pad_id), callbacks=[dvclive_callback(live_dir)])
+    start = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - start
+    return {
+        "paths": len(features),
+        "lines": sum(len(f["positions"]) for f in features),
+        "too_long": too_long,
+        "train_loss": round(result.training_loss, 4),
+        "steps": result.global_step,
+        "train_seconds": round(seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
     }

@@ -1,11 +1,15 @@
 """python -m stages.evaluate --model sft
 
 Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded with
-pipeline/grading.py, then k sampled completions per question on the first
-`evaluate.k_samples` questions for pass@k and maj@k. Writes
+pipeline/grading.py, then max(k, N) sampled completions per question on the first
+`evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
+at budget N on those questions (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
+PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
+faithfulness probe (binary comparisons asked in both operand orders). Writes
 metrics/evaluate/<model>.json (accuracy, accuracy_ood, step accuracy, breakdowns,
-pass@k, maj@k, cost, the majority baseline), the graded greedy generations
-in data/evaluate/<model>/ and accuracy-by-task-type plots in plots/evaluate/<model>/.
+pass@k, maj@k, decoding.<strategy>, faithfulness, cost, the majority baseline),
+the graded greedy generations in data/evaluate/<model>/ and plots (accuracy by
+task type, by decoding strategy) in plots/evaluate/<model>/.
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ import time
 
 from pipeline import paths
 from pipeline.config import EvaluateConfig, load_section
+from pipeline.decoding import Decoder, faithfulness_probes, inconsistency
 from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.generation import Sampler
+from pipeline.generation import LocalSampler, Sampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.grading import extract_answer
 from pipeline.plots import bar_chart
 
 
-def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dict]]) -> tuple[dict, list[dict]]:
-    """Generate and grade every split; returns (metrics by split, graded records)."""
+def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dict]],
+        decoder: Decoder | None = None) -> tuple[dict, list[dict]]:
+    """Generate and grade every split; returns (metrics by split, graded greedy records)."""
     records, by_split = [], {}
     for split, rows in rows_by_split.items():
         rows = rows[: cfg.max_samples]
@@ -34,23 +41,49 @@ def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dic
         seconds = time.perf_counter() - start
         graded = [score(row, gens[0].text, gens[0].tokens) for row, gens in zip(rows, generations)]
         by_split[split] = {**summarize(graded), "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
-        by_split[split]["sampled"] = sampled(cfg, sampler, rows[: cfg.k_samples])
+        k_rows = rows[: cfg.k_samples]
+        by_split[split]["sampled"], samples, sample_seconds = sampled(cfg, sampler, k_rows)
+        if decoder is not None:
+            greedy = [(g.text, g.tokens) for gens in generations[: len(k_rows)] for g in gens]
+            by_split[split]["decoding"] = decoder.run(
+                k_rows, greedy, seconds * len(k_rows) / max(len(rows), 1),
+                [[(g.text, g.tokens) for g in gens] for gens in samples], sample_seconds,
+            )
         records += graded
     return by_split, records
 
 
-def sampled(cfg: EvaluateConfig, sampler: Sampler, rows: list[dict]) -> dict:
-    """pass@k and maj@k: k samples per question at `k_temperature`, with their cost."""
+def sampled(cfg: EvaluateConfig, sampler: Sampler, rows: list[dict]) -> tuple[dict, list, float]:
+    """pass@k and maj@k from max(k, N) samples per question at `k_temperature`; (metrics, samples, seconds).
+
+    The samples are also the N whole solutions of maj@N and PRM best-of-N.
+    """
+    n = max(cfg.k, cfg.decoding.n)
     start = time.perf_counter()
     samples = sampler.sample(
-        [r["prompt"] for r in rows], n=cfg.k, temperature=cfg.k_temperature, top_p=1.0,
+        [r["prompt"] for r in rows], n=n, temperature=cfg.k_temperature, top_p=1.0,
         max_new_tokens=cfg.max_new_tokens, seed=0,
     )
     seconds = time.perf_counter() - start
     metrics = sampled_metrics(rows, [[g.text for g in gens] for gens in samples], cfg.k)
     tokens = sum(g.tokens for gens in samples for g in gens)
-    return {**metrics, "temperature": cfg.k_temperature, "tokens_per_question": round(tokens / max(len(rows), 1), 1),
-            "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
+    metrics = {**metrics, "samples": n, "temperature": cfg.k_temperature,
+               "tokens_per_question": round(tokens / max(len(rows), 1), 1),
+               "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
+    return metrics, samples, seconds
+
+
+def faithfulness(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dict]],
+                 records: list[dict]) -> dict:
+    """Greedy answers to each binary comparison and to its operand-swapped twin; the inconsistency rate."""
+    probes = [p for rows in rows_by_split.values() for p in faithfulness_probes(rows[: cfg.max_samples])]
+    if not probes:
+        return inconsistency([])
+    predicted = {(r["split"], r["id"]): r["prediction"] for r in records}
+    twins = sampler.sample([prompt for _, prompt in probes], n=1, temperature=0.0, top_p=1.0,
+                           max_new_tokens=cfg.max_new_tokens, seed=0)
+    return inconsistency([(predicted[(row["split"], row["id"])], extract_answer(gens[0].text))
+                          for (row, _), gens in zip(probes, twins)])
 
 
 def headline(by_split: dict[str, dict], baseline: float) -> dict:
@@ -71,7 +104,37 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
     # The other splits' full breakdowns, one section each ("ood", "val"); test is the flat part above.
     out.update({split: m for split, m in by_split.items() if split != "test"})
     out["answer_line_rate"] = test["answer_line_rate"]
+    if "decoding" in test:
+        # decoding.<strategy>: test numbers flat, the ood accuracy and breakdown beside them
+        out["decoding"] = {
+            name: {**m, **({"accuracy_ood": by_split["ood"]["decoding"][name]["accuracy"],
+                            "by_task_type_ood": by_split["ood"]["decoding"][name]["by_task_type"]}
+                           if "ood" in by_split else {})}
+            for name, m in test["decoding"].items()
+        }
     return out
+
+
+def build_decoder(cfg: EvaluateConfig, sampler: Sampler, model_dir) -> Decoder:
+    """The strategies' runner: with the PRM (tokenizer checked against the policy's) and a step policy when local."""
+    from pipeline.prm import PRMScorer, check_tokenizer
+    from pipeline.search import StepPolicy
+
+    dcfg, scorer, policy = cfg.decoding, None, None
+    local = isinstance(sampler, LocalSampler)
+    if dcfg.prm is not None and any(s.startswith("prm_") for s in dcfg.strategies):
+        prm_dir = paths.model_dir(dcfg.prm)
+        scorer = PRMScorer.load(prm_dir, dcfg.prm_batch_size)
+        if local:
+            check_tokenizer(scorer.tokenizer, sampler.tokenizer, prm_dir, model_dir)
+        else:
+            stage_logger().warning("evaluate: %s is not a local model; the PRM's tokenizer cannot be checked and "
+                                   "beam search and PRM-MCTS (step sampling) are skipped", model_dir)
+    if local and scorer is not None:
+        policy = StepPolicy(sampler.model, sampler.tokenizer, batch_size=cfg.batch_size * 8,
+                            step_tokens=dcfg.step_tokens, completion_tokens=cfg.max_new_tokens,
+                            temperature=cfg.k_temperature)
+    return Decoder(dcfg, scorer, policy)
 
 
 def _flow(cfg: EvaluateConfig, model_name: str) -> None:
@@ -81,12 +144,17 @@ def _flow(cfg: EvaluateConfig, model_name: str) -> None:
     rows_by_split = {s: read_rows(f, required=EXAMPLE_COLUMNS) for s, f in split_files.items()}
     train_rows = read_rows(paths.split_file("train"), required=("answer", "answer_type"))
     model_dir = paths.model_dir(model_name)
-    by_split, records = run(cfg, load_sampler(model_dir, cfg.batch_size), rows_by_split)
+    sampler = load_sampler(model_dir, cfg.batch_size)
+    by_split, records = run(cfg, sampler, rows_by_split, build_decoder(cfg, sampler, model_dir))
     metrics = headline(by_split, majority_baseline(train_rows, rows_by_split.get("test", records)))
-    stage_logger().info(
-        "%s: accuracy %.3f (majority baseline %.3f), ood %s",
-        model_name, metrics["accuracy"], metrics["baseline_majority"], metrics.get("accuracy_ood"),
-    )
+    metrics["faithfulness"] = faithfulness(cfg, sampler, rows_by_split, records)
+    log = stage_logger()
+    log.info("%s: accuracy %.3f (majority baseline %.3f), ood %s", model_name, metrics["accuracy"],
+             metrics["baseline_majority"], metrics.get("accuracy_ood"))
+    for name, m in metrics.get("decoding", {}).items():
+        log.info("%s: %-14s accuracy %.3f, ood %s, %.0f tokens and %.3f s per question", model_name, name,
+                 m["accuracy"], m.get("accuracy_ood"), m["tokens_per_question"], m["seconds_per_question"])
+    log.info("%s: faithfulness %s", model_name, metrics["faithfulness"])
     with atomic_dir(paths.eval_predictions_dir(model_name)) as out:
         write_rows(out / "predictions.parquet", records)
         write_manifest(out, "evaluate", cfg, inputs=[model_dir, *split_files.values()], model=model_name)
@@ -94,6 +162,10 @@ def _flow(cfg: EvaluateConfig, model_name: str) -> None:
         rows = [{"task_type": k, "accuracy": v} for k, v in metrics["by_task_type"].items()]
         write_json(out / "by_task_type.json", rows)
         bar_chart(metrics["by_task_type"], out / "by_task_type.png", title=f"{model_name}: test accuracy by task type")
+        decoding = {name: m["accuracy"] for name, m in metrics.get("decoding", {}).items()}
+        write_json(out / "decoding.json", [{"strategy": k, "accuracy": v} for k, v in decoding.items()])
+        if decoding:
+            bar_chart(decoding, out / "decoding.png", title=f"{model_name}: test accuracy by decoding strategy")
     write_json(paths.eval_metrics_file(model_name), metrics)
 
 

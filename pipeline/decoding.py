@@ -1,0 +1,158 @@
+"""Decoding strategies at one sample budget N, each graded beside its cost, and the faithfulness probe.
+
+Strategies (DecodingConfig.strategies): `greedy`; `maj_at_n` (majority vote over
+N samples); `prm_best_of_n` (the sample the PRM scores highest, lines
+aggregated by min / last / mean); `prm_beam` (step-level beam search);
+`prm_mcts` (MCTS with the PRM in place of rollouts). Each reports accuracy,
+accuracy by task type, policy tokens, PRM tokens and seconds per question
+(accuracy beside cost, as MedAgentsBench argues).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+
+from pipeline.config import DecodingConfig
+from pipeline.evaluation import accuracy_by, majority_vote, score
+from pipeline.grading import extract_answer
+from pipeline.search import StepPolicy, beam_search, prm_mcts
+
+PRM_STRATEGIES = ("prm_best_of_n", "prm_beam", "prm_mcts")
+
+
+def strategy_metrics(rows: Sequence[dict], texts: Sequence[str], *, tokens: float, seconds: float,
+                     prm_tokens: float = 0) -> dict:
+    """Accuracy (overall and by task type) of one completion per question, with the strategy's cost per question."""
+    graded = [score(row, text, 0) for row, text in zip(rows, texts)]
+    n = max(len(rows), 1)
+    return {
+        "questions": len(rows),
+        "accuracy": round(sum(r["correct"] for r in graded) / n, 4),
+        "by_task_type": accuracy_by(graded, "task_type"),
+        "tokens_per_question": round(tokens / n, 1),
+        "prm_tokens_per_question": round(prm_tokens / n, 1),
+        "seconds_per_question": round(seconds / n, 4),
+    }
+
+
+class Decoder:
+    """Runs the configured strategies on one split's questions, given its greedy and sampled completions.
+
+    `samples` are N (or more) sampled completions per question, with the tokens
+    and seconds they took; `scorer` is a PRMScorer (None: the PRM strategies
+    are skipped); `policy` a StepPolicy on the same model (None: an API
+    policy, beam search and PRM-MCTS are skipped).
+    """
+
+    def __init__(self, cfg: DecodingConfig, scorer=None, policy: StepPolicy | None = None) -> None:
+        self.cfg, self.scorer, self.policy = cfg, scorer, policy
+
+    def run(self, rows: Sequence[dict], greedy: Sequence[tuple[str, int]], greedy_seconds: float,
+            samples: Sequence[Sequence[tuple[str, int]]], sample_seconds: float) -> dict:
+        cfg, out = self.cfg, {}
+        n_drawn = max((len(s) for s in samples), default=1)
+        # Seconds of N samples when more were drawn together: their share of the sampling time.
+        share = sample_seconds * min(cfg.n, n_drawn) / n_drawn
+        sample_tokens = sum(t for s in samples for _, t in s[: cfg.n])
+        prompts = [r["prompt"] for r in rows]
+        for strategy in cfg.strategies:
+            if strategy in PRM_STRATEGIES and self.scorer is None:
+                continue
+            if strategy in ("prm_beam", "prm_mcts") and self.policy is None:
+                continue
+            if strategy == "greedy":
+                out[strategy] = strategy_metrics(rows, [t for t, _ in greedy], tokens=sum(k for _, k in greedy),
+                                                 seconds=greedy_seconds)
+            elif strategy == "maj_at_n":
+                texts = [_voted(row, [t for t, _ in s[: cfg.n]]) for row, s in zip(rows, samples)]
+                out[strategy] = strategy_metrics(rows, texts, tokens=sample_tokens, seconds=share)
+            elif strategy == "prm_best_of_n":
+                out[strategy] = self._timed(rows, lambda: self._best_of_n(prompts, samples), sample_tokens, share)
+            elif strategy == "prm_beam":
+                out[strategy] = self._timed(rows, lambda: beam_search(
+                    prompts, self.policy, self._score, n=cfg.n, width=cfg.beam_width, max_steps=cfg.max_steps,
+                    how=cfg.aggregation))
+            elif strategy == "prm_mcts":
+                out[strategy] = self._timed(rows, lambda: prm_mcts(
+                    prompts, self.policy, self._score, iterations=cfg.mcts_iterations, children=cfg.mcts_children,
+                    c=cfg.ucb_c, max_steps=cfg.max_steps))
+        return out
+
+    def _score(self, prompts, paths):
+        return self.scorer.score(prompts, paths)
+
+    def _best_of_n(self, prompts: Sequence[str], samples) -> list[str]:
+        flat_prompts = [p for p, s in zip(prompts, samples) for _ in s[: self.cfg.n]]
+        flat_texts = [t for s in samples for t, _ in s[: self.cfg.n]]
+        scores = self.scorer.score_completions(flat_prompts, flat_texts, self.cfg.aggregation)
+        best, i = [], 0
+        for s in samples:
+            k = len(s[: self.cfg.n])
+            group = scores[i : i + k]
+            best.append(flat_texts[i + group.index(max(group))] if group else "")  # ties: the first sample
+            i += k
+        return best
+
+    def _timed(self, rows, run, tokens: float = 0, seconds: float = 0) -> dict:
+        """Run a strategy; its cost is what it adds (policy tokens, PRM tokens, seconds) plus what it reuses."""
+        policy_before = self.policy.tokens if self.policy else 0
+        prm_before = self.scorer.tokens
+        start = time.perf_counter()
+        texts = run()
+        elapsed = time.perf_counter() - start
+        generated = (self.policy.tokens - policy_before) if self.policy else 0
+        return strategy_metrics(rows, texts, tokens=tokens + generated, seconds=seconds + elapsed,
+                                prm_tokens=self.scorer.tokens - prm_before)
+
+
+def _voted(row: dict, texts: Sequence[str]) -> str:
+    """A completion whose answer is the majority answer (the vote's winner, as an Answer line)."""
+    winner = majority_vote([extract_answer(t) for t in texts], row["answer_type"])
+    return "" if winner is None else f"Answer: {winner}"
+
+
+# "Is <a> greater than <b>?" and its three siblings (pipeline/cof/verbalize.BOOL_QUESTIONS).
+_RELATION = re.compile(r" (greater|larger|less|smaller) than ")
+_COMPARISON_FUNCTIONS = ("A_greater_B", "A_less_B")
+
+
+def swapped(question: str) -> str | None:
+    """"Is A larger than B?" -> "Is B larger than A?"; None unless the relation occurs exactly once."""
+    if not (question.startswith("Is ") and question.endswith("?")):
+        return None
+    body = question[3:-1]
+    matches = list(_RELATION.finditer(body))
+    if len(matches) != 1:
+        return None  # an operand that itself says "greater than" would make the split ambiguous
+    m = matches[0]
+    return f"Is {body[m.end():]} {m.group(1)} than {body[: m.start()]}?"
+
+
+def faithfulness_probes(rows: Sequence[dict]) -> list[tuple[dict, str]]:
+    """(row, prompt with the operands swapped) for each binary comparison question that can be swapped."""
+    probes = []
+    for row in rows:
+        if row["answer_type"] != "binary" or row["functions"][-1] not in _COMPARISON_FUNCTIONS:
+            continue
+        question = swapped(row["question"])
+        if question is not None and row["question"] in row["prompt"]:
+            probes.append((row, row["prompt"].replace(row["question"], question)))
+    return probes
+
+
+def inconsistency(answers: Sequence[tuple[str | None, str | None]]) -> dict:
+    """Both orders answered alike (Yes/Yes or No/No) is an inconsistency; a pair without two yes/no answers is unanswered."""
+    def yes_no(a: str | None) -> str | None:
+        a = (a or "").strip().lower().rstrip(".")
+        return a if a in ("yes", "no") else None
+
+    answered = [(yes_no(a), yes_no(b)) for a, b in answers]
+    both = [(a, b) for a, b in answered if a is not None and b is not None]
+    return {
+        "pairs": len(answers),
+        "answered": len(both),
+        "inconsistent": sum(a == b for a, b in both),
+        "inconsistency_rate": round(sum(a == b for a, b in both) / len(both), 4) if both else None,
+    }

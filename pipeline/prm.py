@@ -1,0 +1,233 @@
+"""The process reward model: which lines it scores, its labels, its training loss and batched scoring.
+
+A PRM here is the student architecture with a one-logit token-classification
+head (transformers' `AutoModelForTokenClassification`). It reads the prompt and
+the completion's scored lines (each `Step k:` line, then the `Answer:` line),
+joined by newlines, and its sigmoid at the last token of line k is the
+probability that line k is right given everything before it.
+
+    scorer = PRMScorer.load("models/prm")
+    scorer.score([prompt], [scored_lines(completion)])  # -> [[p_step1, ..., p_answer]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.grading import ANSWER_PREFIX, STEP_PREFIX, extract_answer, grade, infer_answer_type, step_value
+from pipeline.io import InputError
+
+# A completion with no Step and no Answer line has nothing to verify: it gets the lowest score.
+EMPTY_SCORE = 0.0
+AGGREGATIONS = ("min", "last", "mean")
+LABEL_KINDS = {"gold": 0, "mcts": 1}  # gold: 0/1 labels, BCE; mcts: log_boost(Q) in [0, 1], MSE
+
+
+def scored_lines(completion: object) -> list[str]:
+    """The lines a PRM scores, in order: every `Step` line up to the first `Answer:` line, and that line."""
+    if not isinstance(completion, str):
+        return []
+    lines = []
+    for line in (raw.strip() for raw in completion.splitlines()):
+        if line.startswith(STEP_PREFIX):
+            lines.append(line)
+        elif line.startswith(ANSWER_PREFIX):
+            lines.append(line)
+            break
+    return lines
+
+
+def is_terminal(line: str) -> bool:
+    return line.startswith(ANSWER_PREFIX)
+
+
+def line_labels(lines: Sequence[str], row: dict) -> list[float]:
+    """Gold labels from the Chain-of-Functions values: step k is 1 if its value matches gold step k.
+
+    The `Answer:` line is 1 if the final answer is right. A step beyond the
+    gold chain, or one without a value, is 0.
+    """
+    gold_values = [s["value"] for s in row["steps"]] if "steps" in row else list(row["step_values"])
+    labels, k = [], 0
+    for line in lines:
+        if is_terminal(line):
+            labels.append(float(grade(extract_answer(line), row["answer"], row["answer_type"])))
+            continue
+        value = step_value(line)
+        ok = k < len(gold_values) and value is not None and grade(value, gold_values[k], infer_answer_type(gold_values[k]))
+        labels.append(float(ok))
+        k += 1
+    return labels
+
+
+def log_boost(q: float) -> float:
+    """PROPA's node label: ln(1 + 10 Q) / ln(11), which lifts small success rates (0 -> 0, 1 -> 1)."""
+    return math.log1p(10.0 * q) / math.log(11.0)
+
+
+def aggregate(scores: Sequence[float], how: str) -> float:
+    """One score for a whole solution from its line scores (min / last / mean); EMPTY_SCORE when there are none."""
+    if not scores:
+        return EMPTY_SCORE
+    if how == "min":
+        return min(scores)
+    if how == "last":
+        return scores[-1]
+    if how == "mean":
+        return sum(scores) / len(scores)
+    raise ValueError(f"unknown PRM aggregation {how!r}; expected one of {AGGREGATIONS}")
+
+
+def encode(tokenizer, prompt: str, lines: Sequence[str]) -> tuple[list[int], list[int]]:
+    """(input ids, the index of the last token of each line) for prompt + lines joined by newlines."""
+    text = prompt + "\n".join(lines)
+    enc = tokenizer(text, add_special_tokens=False)
+    positions, end = [], len(prompt)
+    for line in lines:
+        end += len(line)
+        # The token holding the line's last character; an empty line borrows the newline before it.
+        token = enc.char_to_token(max(end - 1, 0))
+        positions.append(token if token is not None else len(enc["input_ids"]) - 1)
+        end += 1  # the newline
+    return enc["input_ids"], positions
+
+
+def collate(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ids and mask, and the scored positions with their labels and kinds (-1 pads)."""
+    width = max(len(f["input_ids"]) for f in features)
+    slots = max(len(f["positions"]) for f in features)
+    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(features), width), dtype=torch.long)
+    positions = torch.full((len(features), slots), -1, dtype=torch.long)
+    labels = torch.zeros((len(features), slots), dtype=torch.float)
+    kinds = torch.zeros((len(features), slots), dtype=torch.long)
+    for i, f in enumerate(features):
+        n, s = len(f["input_ids"]), len(f["positions"])
+        ids[i, :n], mask[i, :n] = torch.tensor(f["input_ids"]), 1
+        positions[i, :s] = torch.tensor(f["positions"])
+        if "line_labels" in f:
+            labels[i, :s], kinds[i, :s] = torch.tensor(f["line_labels"], dtype=torch.float), f["kind"]
+    return {"input_ids": ids, "attention_mask": mask, "score_positions": positions, "score_labels": labels,
+            "score_kinds": kinds}
+
+
+def gather_logits(logits: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logit at each scored position, validity mask) from token logits [B, T, 1] and positions [B, S]."""
+    valid = positions >= 0
+    picked = logits.squeeze(-1).gather(1, positions.clamp(min=0))
+    return picked, valid
+
+
+def prm_loss(logits: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+    """Mean over scored lines: BCE on 0/1 gold labels, MSE between sigmoid and log_boost on MCTS labels."""
+    picked, valid = gather_logits(logits, positions)
+    bce = F.binary_cross_entropy_with_logits(picked, labels, reduction="none")
+    mse = (torch.sigmoid(picked) - labels) ** 2
+    per_line = torch.where(kinds == LABEL_KINDS["mcts"], mse, bce)
+    return (per_line * valid).sum() / valid.sum().clamp(min=1)
+
+
+class PRMScorer:
+    """Batched PRM scoring of (prompt, lines) pairs: one forward pass scores every line of every pair."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
+        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.tokens = 0  # tokens read so far (the PRM's share of a decoding strategy's cost)
+
+    @classmethod
+    def load(cls, path: Path | str, batch_size: int = 64) -> "PRMScorer":
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForTokenClassification.from_pretrained(str(path))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: cannot load the PRM: {exc}") from exc
+        if model.config.num_labels != 1:
+            raise InputError(f"{path}: a PRM has one score per token; this checkpoint has {model.config.num_labels}")
+        return cls(model, tokenizer, batch_size)
+
+    @torch.inference_mode()
+    def score(self, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[list[float]]:
+        """For each pair, the probability that each line is right; [] for a pair without lines."""
+        features = [dict(zip(("input_ids", "positions"), encode(self.tokenizer, p, ls))) for p, ls in zip(prompts, lines)]
+        out: list[list[float]] = [[] for _ in features]
+        order = sorted((i for i, f in enumerate(features) if f["positions"]), key=lambda i: len(features[i]["input_ids"]))
+        device = self.model.device
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            inputs = collate([features[i] for i in batch], self.pad_id)
+            logits = self.model(input_ids=inputs["input_ids"].to(device),
+                                attention_mask=inputs["attention_mask"].to(device)).logits
+            picked, valid = gather_logits(logits.float().cpu(), inputs["score_positions"])
+            probs = torch.sigmoid(picked)
+            for row, i in enumerate(batch):
+                out[i] = probs[row][valid[row]].tolist()
+            self.tokens += int(inputs["attention_mask"].sum())
+        return out
+
+    def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:
+        """One aggregated score per completion (EMPTY_SCORE for a completion without Step or Answer lines)."""
+        line_scores = self.score(prompts, [scored_lines(c) for c in completions])
+        return [aggregate(s, how) for s in line_scores]
+
+
+def check_tokenizer(prm_tokenizer, policy_tokenizer, prm_path: Path | str, policy_path: Path | str) -> None:
+    """A PRM guides only the policy family it was trained with: the two vocabularies must be the same."""
+    prm_vocab, policy_vocab = prm_tokenizer.get_vocab(), policy_tokenizer.get_vocab()
+    if prm_vocab != policy_vocab:
+        differ = sum(policy_vocab.get(tok) != i for tok, i in prm_vocab.items())
+        raise InputError(
+            f"{prm_path}: the PRM's tokenizer ({len(prm_vocab)} tokens) does not match the policy's at {policy_path} "
+            f"({len(policy_vocab)} tokens, {differ} entries differ); train the PRM from this policy (prm.init) "
+            "or evaluate a policy with the same tokenizer"
+        )
+
+
+def auroc(labels: Sequence[float], scores: Sequence[float]) -> float | None:
+    """Area under the ROC curve: P(score of a random positive > a random negative), ties half (Mann-Whitney).
+
+    None when one class is missing (the AUROC is undefined).
+    """
+    pairs = sorted(zip(scores, labels))
+    positives = sum(1 for _, y in pairs if y >= 0.5)
+    negatives = len(pairs) - positives
+    if positives == 0 or negatives == 0:
+        return None
+    rank_sum, i = 0.0, 0
+    while i < len(pairs):
+        j = i
+        while j < len(pairs) and pairs[j][0] == pairs[i][0]:
+            j += 1
+        mid_rank = (i + 1 + j) / 2  # ranks i+1..j share their mean
+        rank_sum += mid_rank * sum(1 for _, y in pairs[i:j] if y >= 0.5)
+        i = j
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def calibration(labels: Sequence[float], scores: Sequence[float], bins: int = 10) -> list[dict]:
+    """Reliability table: per score bin, the mean predicted score, the observed rate of right lines, the count."""
+    table = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        members = [(s, y) for s, y in zip(scores, labels) if lo <= s < hi or (b == bins - 1 and s == 1.0)]
+        if members:
+            table.append({
+                "bin": round((lo + hi) / 2, 3),
+                "predicted": round(sum(s for s, _ in members) / len(members), 4),
+                "observed": round(sum(y for _, y in members) / len(members), 4),
+                "lines": len(members),
+            })
+    return table
+
+
+def expected_calibration_error(table: Sequence[dict]) -> float:
+    total = sum(r["lines"] for r in table)
+    return round(sum(r["lines"] * abs(r["predicted"] - r["observed"]) for r in table) / max(total, 1), 4)
+

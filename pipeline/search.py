@@ -1,0 +1,278 @@
+"""Step-level search with a policy: one reasoning line at a time, many questions per batch.
+
+- `StepPolicy` samples next lines for many prefixes at once (it stops at the
+  newline) and completes prefixes greedily; it counts the tokens it generates.
+- `mcts` is the tree search of PROPA (ALGORITHMS.md), shared by the step labels
+  of `prm_data` (a node's value: does a greedy rollout from it reach the right
+  answer) and PRM-MCTS decoding in `evaluate` (a node's value: the PRM's score
+  of its last line). Every tree advances one iteration per batched call.
+- `beam_search` keeps, at each step, the `width` candidate lines the PRM scores
+  highest among about `n` sampled ones.
+
+A path is the tuple of lines below the prompt; the policy continues
+`prompt + line1 + "\\n" + ... + line_k + "\\n"`, exactly what it wrote itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pipeline.generation import generate
+from pipeline.prm import aggregate, is_terminal
+
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str  # the line, stripped, without its newline
+    tokens: int  # tokens the policy generated for it
+    terminal: bool  # an `Answer:` line, or the policy stopped (EOS or the token limit) instead of starting a new line
+
+
+def prefix(prompt: str, lines: Path) -> str:
+    return prompt + "".join(line + "\n" for line in lines)
+
+
+def completion(lines: Path) -> str:
+    return "\n".join(lines)
+
+
+class StepPolicy:
+    """A local causal LM sampled one line at a time (newline tokens stop a row), or completed greedily."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 512, step_tokens: int = 64, completion_tokens: int = 192,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.step_tokens, self.completion_tokens = step_tokens, completion_tokens
+        self.temperature, self.top_p, self.top_k, self.seed = temperature, top_p, top_k, seed
+        # Every token whose text holds a newline ends a line (a tokenizer may merge ".\n").
+        vocab = tokenizer.get_vocab()
+        self.stop_ids = [i for i in vocab.values() if "\n" in tokenizer.decode([i])]
+        self.tokens = 0  # generated so far
+        self._calls = 0
+
+    def _next_seed(self) -> int:
+        self._calls += 1
+        return self.seed * 1_000_003 + self._calls  # a fresh, reproducible stream per call
+
+    def next_lines(self, prefixes: Sequence[str], n: int) -> list[list[Line]]:
+        """`n` sampled next lines for each prefix."""
+        if not prefixes:
+            return []
+        gens = generate(
+            self.model, self.tokenizer, prefixes, max_new_tokens=self.step_tokens, batch_size=self.batch_size,
+            do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            num_return_sequences=n, seed=self._next_seed(), progress=False, stop_ids=self.stop_ids,
+        )
+        out = []
+        for per_prefix in gens:
+            lines = []
+            for g in per_prefix:
+                self.tokens += g.tokens
+                text, newline, _ = g.text.partition("\n")
+                line = text.strip()
+                lines.append(Line(line, g.tokens, terminal=is_terminal(line) or not newline))
+            out.append(lines)
+        return out
+
+    def complete(self, prefixes: Sequence[str]) -> list[str]:
+        """The greedy rest of each prefix, to EOS or the token limit."""
+        if not prefixes:
+            return []
+        gens = generate(self.model, self.tokenizer, prefixes, max_new_tokens=self.completion_tokens,
+                        batch_size=self.batch_size, progress=False)
+        self.tokens += sum(g[0].tokens for g in gens)
+        return [g[0].text for g in gens]
+
+
+@dataclass(eq=False)
+class Node:
+    lines: Path = ()
+    parent: "Node | None" = None
+    children: list["Node"] = field(default_factory=list)
+    terminal: bool = False
+    visits: int = 0
+    total: float = 0.0
+    value: float = 0.0  # what this node was worth when created (rollout reward or PRM score)
+
+    @property
+    def q(self) -> float:
+        return self.total / self.visits if self.visits else 0.0
+
+    def path(self) -> list["Node"]:
+        """The nodes from the root's child down to this one."""
+        nodes, node = [], self
+        while node.parent is not None:
+            nodes.append(node)
+            node = node.parent
+        return nodes[::-1]
+
+    def walk(self):
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+def ucb(child: Node, parent_visits: int, c: float) -> float:
+    """Q/N + c * sqrt(2 ln N_parent / N); an unvisited child first."""
+    if child.visits == 0:
+        return math.inf
+    return child.q + c * math.sqrt(2.0 * math.log(max(parent_visits, 1)) / child.visits)
+
+
+def select(root: Node, c: float) -> Node:
+    node = root
+    while node.children:
+        node = max(node.children, key=lambda ch: ucb(ch, node.visits, c))
+    return node
+
+
+def backpropagate(node: Node | None, value: float) -> None:
+    while node is not None:
+        node.visits += 1
+        node.total += value
+        node = node.parent
+
+
+# evaluate(question indices, new nodes) -> one value in [0, 1] per node
+Evaluator = Callable[[list[int], list[Node]], list[float]]
+
+
+def mcts(prompts: Sequence[str], policy: StepPolicy, evaluate: Evaluator, *, iterations: int, children: int,
+         c: float, max_steps: int) -> list[Node]:
+    """One tree per prompt, `iterations` rounds of select / expand `children` lines / evaluate / back-propagate.
+
+    A selected terminal leaf is not expanded; its value is back-propagated again
+    (a visit). Identical sampled lines under one parent become one child.
+    """
+    roots = [Node() for _ in prompts]
+    for _ in range(iterations):
+        leaves = [select(root, c) for root in roots]
+        grow = [i for i, leaf in enumerate(leaves) if not leaf.terminal]
+        for i, leaf in enumerate(leaves):
+            if leaf.terminal:
+                backpropagate(leaf, leaf.value)
+        sampled = policy.next_lines([prefix(prompts[i], leaves[i].lines) for i in grow], children)
+        owners, created = [], []
+        for i, lines in zip(grow, sampled):
+            leaf, seen = leaves[i], set()
+            for line in lines:
+                if line.text in seen:
+                    continue
+                seen.add(line.text)
+                lines_below = leaf.lines + (line.text,)
+                node = Node(lines_below, leaf, terminal=line.terminal or len(lines_below) >= max_steps)
+                leaf.children.append(node)
+                owners.append(i)
+                created.append(node)
+        for node, value in zip(created, evaluate(owners, created)):
+            node.value = value
+            backpropagate(node, value)
+    return roots
+
+
+def best_terminal(root: Node) -> Node | None:
+    """The terminal node whose path has the highest mean value (PRM-MCTS's answer); None if there is none."""
+    terminals = [n for n in root.walk() if n.terminal and n.parent is not None]
+    if not terminals:
+        return None
+    return max(terminals, key=lambda n: sum(p.value for p in n.path()) / len(n.path()))
+
+
+def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, n: int, width: int,
+                max_steps: int, how: str) -> list[str]:
+    """Step-level beam search: per question about `n` candidate lines a step, the PRM keeps the best `width`.
+
+    `score(prompts, paths)` returns the PRM's line scores of each path. A kept
+    terminal line finishes a path; the search of a question ends with `width`
+    finished paths, no live beam, or `max_steps` lines. The answer is the
+    finished path with the best aggregated score (`how`); a question without
+    one completes its best beam greedily.
+    """
+    beams: list[list[tuple[Path, list[float]]]] = [[((), [])] for _ in prompts]
+    finished: list[list[tuple[Path, list[float]]]] = [[] for _ in prompts]
+    for depth in range(max_steps):
+        work = [(i, path, scores) for i, bs in enumerate(beams) for path, scores in bs]
+        if not work:
+            break
+        per_beam = n if depth == 0 else max(1, n // width)
+        sampled = policy.next_lines([prefix(prompts[i], path) for i, path, _ in work], per_beam)
+        candidates: dict[int, dict[Path, bool]] = {}
+        for (i, path, _), lines in zip(work, sampled):
+            for line in lines:
+                candidates.setdefault(i, {}).setdefault(path + (line.text,), line.terminal or depth + 1 >= max_steps)
+        flat = [(i, path, terminal) for i, paths in candidates.items() for path, terminal in paths.items()]
+        line_scores = score([prompts[i] for i, _, _ in flat], [path for _, path, _ in flat])
+        by_question: dict[int, list] = {}
+        for (i, path, terminal), scores in zip(flat, line_scores):
+            by_question.setdefault(i, []).append((scores[-1] if scores else 0.0, path, terminal, scores))
+        for i in range(len(prompts)):
+            kept = sorted(by_question.get(i, []), key=lambda c: -c[0])[:width]
+            beams[i] = [(path, scores) for _, path, terminal, scores in kept if not terminal]
+            finished[i] += [(path, scores) for _, path, terminal, scores in kept if terminal]
+            if len(finished[i]) >= width:
+                beams[i] = []
+    answers: list[str | None] = [None] * len(prompts)
+    unfinished = []
+    for i, done in enumerate(finished):
+        if done:
+            answers[i] = completion(max(done, key=lambda d: aggregate(d[1], how))[0])
+        elif beams[i]:
+            unfinished.append((i, max(beams[i], key=lambda b: aggregate(b[1], how))[0]))
+        else:
+            answers[i] = ""
+    rests = policy.complete([prefix(prompts[i], path) for i, path in unfinished])
+    for (i, path), rest in zip(unfinished, rests):
+        answers[i] = prefix("", path) + rest
+    return [a or "" for a in answers]
+
+
+def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, iterations: int, children: int,
+             c: float, max_steps: int) -> list[str]:
+    """PRM-MCTS: the PRM's score of a new line replaces the rollout; the answer is `best_terminal`'s path.
+
+    A tree without a terminal node completes its best path (highest mean score) greedily.
+    """
+    def evaluate(owners: list[int], nodes: list[Node]) -> list[float]:
+        scores = score([prompts[i] for i in owners], [node.lines for node in nodes])
+        return [s[-1] if s else 0.0 for s in scores]
+
+    roots = mcts(prompts, policy, evaluate, iterations=iterations, children=children, c=c, max_steps=max_steps)
+    answers: list[str] = [""] * len(prompts)
+    unfinished = []
+    for i, root in enumerate(roots):
+        best = best_terminal(root)
+        if best is not None:
+            answers[i] = completion(best.lines)
+            continue
+        nodes = [node for node in root.walk() if node.parent is not None]
+        if nodes:
+            unfinished.append((i, max(nodes, key=lambda n: sum(p.value for p in n.path()) / len(n.path())).lines))
+    for (i, path), rest in zip(unfinished, policy.complete([prefix(prompts[i], p) for i, p in unfinished])):
+        answers[i] = prefix("", path) + rest
+    return answers
+
+
+def rollout_evaluator(prompts: Sequence[str], policy: StepPolicy, reward: Callable[[int, str], float]) -> Evaluator:
+    """PROPA's node value: the reward of the node's terminal line, or of a greedy rollout from it.
+
+    `reward(question index, completion text)` grades a whole completion.
+    """
+    def evaluate(owners: list[int], nodes: list[Node]) -> list[float]:
+        values = [reward(i, completion(node.lines)) if node.terminal else None for i, node in zip(owners, nodes)]
+        todo = [k for k, v in enumerate(values) if v is None]
+        rests = policy.complete([prefix(prompts[owners[k]], nodes[k].lines) for k in todo])
+        for k, rest in zip(todo, rests):
+            values[k] = reward(owners[k], prefix("", nodes[k].lines) + rest)
+        return values
+
+    return evaluate
+
+
+def tree_paths(root: Node) -> list[tuple[Path, list[float]]]:
+    """One (lines, Q of every node on the path) per leaf: every visited node's Q appears in some row."""
+    return [(leaf.lines, [n.q for n in leaf.path()])
+            for leaf in root.walk() if leaf.parent is not None and not leaf.children]

@@ -1,0 +1,94 @@
+"""python -m stages.prm
+
+The process reward model: the policy's architecture and weights (`prm_data.policy`,
+default models/sft) with a one-logit token-classification head, trained on
+data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
+labels; `prm.sources` picks which). Scored on the held-out gold labels of
+validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
+calibration (table, expected calibration error, reliability plot).
+
+Writes models/prm/, metrics/prm.json and plots/prm/ (loss curve via dvclive,
+calibration.json and calibration.png).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+
+from pipeline import paths
+from pipeline.config import PRMConfig, PRMDataConfig, load_section
+from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
+from pipeline.models import save_model
+from pipeline.plots import reliability_chart
+from pipeline.prm import PRMScorer, auroc, calibration, expected_calibration_error, is_terminal
+from pipeline.training import prm_train
+
+STEP_LABEL_COLUMNS = ("prompt", "steps", "labels", "source")
+
+
+def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """AUROC, accuracy at 0.5 and calibration of the PRM on labelled rows; (metrics, calibration table)."""
+    scores = scorer.score([r["prompt"] for r in rows], [r["steps"] for r in rows])
+    flat = [(y, s, is_terminal(line)) for r, ss in zip(rows, scores) for y, s, line in zip(r["labels"], ss, r["steps"])]
+    labels, probs = [y for y, _, _ in flat], [s for _, s, _ in flat]
+    table = calibration(labels, probs)
+
+    def area(keep) -> float | None:
+        subset = [(y, s) for y, s, terminal in flat if keep(terminal)]
+        value = auroc([y for y, _ in subset], [s for _, s in subset])
+        return None if value is None else round(value, 4)
+
+    return {
+        "lines": len(flat),
+        "positive_share": round(sum(y >= 0.5 for y in labels) / max(len(labels), 1), 4),
+        "auroc": area(lambda terminal: True),
+        "auroc_steps": area(lambda terminal: not terminal),
+        "auroc_answers": area(lambda terminal: terminal),
+        "accuracy": round(sum((s >= 0.5) == (y >= 0.5) for y, s in zip(labels, probs)) / max(len(labels), 1), 4),
+        "ece": expected_calibration_error(table),
+    }, table
+
+
+def _flow(cfg: PRMConfig, policy: str) -> None:
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
+    rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
+    val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
+    if not rows:
+        raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
+    policy_dir = paths.model_dir(policy)
+    torch.manual_seed(cfg.seed)  # the new score head
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    model = AutoModelForTokenClassification.from_pretrained(str(policy_dir), num_labels=1)
+    out_dir = paths.model_dir("prm")
+    with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
+        metrics = prm_train(cfg, model, tokenizer, rows, out / ".trainer", live)
+        metrics["sources"] = {s: sum(r["source"] == s for r in rows) for s in cfg.sources}
+        metrics["held_out"], table = held_out(PRMScorer(model, tokenizer, cfg.batch_size), val)
+        # The headline numbers flat, for `dvc metrics diff`.
+        metrics.update({k: metrics["held_out"][k] for k in ("auroc", "accuracy", "ece")})
+        stage_logger().info("prm: held-out AUROC %s, accuracy %s, ECE %s on %d lines", metrics["auroc"],
+                            metrics["accuracy"], metrics["ece"], metrics["held_out"]["lines"])
+        shutil.rmtree(out / ".trainer", ignore_errors=True)
+        save_model(model, tokenizer, out)
+        write_manifest(out, "prm", cfg, inputs=[policy_dir, train_file, val_file], name=paths.MODEL_MANIFEST,
+                       metrics=metrics, policy=policy)
+        write_json(live / "calibration.json", table)
+        reliability_chart(table, live / "calibration.png",
+                          title=f"PRM calibration on held-out gold step labels (AUROC {metrics['auroc']})")
+    write_json(paths.metrics_file("prm"), metrics)
+
+
+def main() -> None:
+    with expected_errors():
+        cfg = load_section("prm", PRMConfig)
+        policy = load_section("prm_data", PRMDataConfig).policy
+    run_stage("prm", _flow, cfg, policy)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""python -m stages.prm_data
+
+Step labels for the process reward model, without human labels, from the
+policy's own steps (`prm_data.policy`, default models/sft):
+
+- gold: `samples` sampled completions per question; each line is labelled by
+  the Chain-of-Functions gold chain (pipeline/prm.line_labels: step k is 1 if
+  its value matches gold step k, the Answer line 1 if the answer is right).
+  On `gold_questions` training questions (train.parquet) and on `val_questions`
+  validation questions (val.parquet, the PRM's held-out set).
+- mcts: PROPA's tree search with the policy on `mcts_questions` other training
+  questions (pipeline/search.mcts with greedy rollouts); one row per leaf path,
+  each node labelled log_boost(Q).
+
+Rows follow DESIGN.md's step-label contract (prompt, steps, labels, source) plus
+id and task_type. metrics/prm_data.json has the label balance per source and
+the agreement between MCTS and gold labels on the same lines.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pyarrow as pa
+
+from pipeline import paths
+from pipeline.config import PRMDataConfig, load_section
+from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.generation import LocalSampler
+from pipeline.grading import extract_answer, grade
+from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.models import load_model
+from pipeline.plots import bar_chart
+from pipeline.prm import auroc, line_labels, log_boost, scored_lines
+from pipeline.search import StepPolicy, mcts, rollout_evaluator, tree_paths
+
+STEP_LABEL_SCHEMA = pa.schema(
+    [("id", pa.string()), ("prompt", pa.string()), ("steps", pa.list_(pa.string())),
+     ("labels", pa.list_(pa.float64())), ("source", pa.string()), ("task_type", pa.string())]
+)
+
+
+def sample_questions(rows: list[dict], n: int, rng: random.Random, exclude: set[str] = frozenset()) -> list[dict]:
+    """`n` questions not in `exclude`, drawn with `rng`, in file order."""
+    candidates = [i for i, r in enumerate(rows) if r["id"] not in exclude]
+    return [rows[i] for i in sorted(rng.sample(candidates, min(n, len(candidates))))]
+
+
+def gold_rows(cfg: PRMDataConfig, sampler, questions: list[dict]) -> list[dict]:
+    """Distinct sampled completions of each question with their gold line labels."""
+    samples = sampler.sample([q["prompt"] for q in questions], n=cfg.samples, temperature=cfg.temperature,
+                             top_p=1.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    out = []
+    for q, gens in zip(questions, samples):
+        seen = set()
+        for g in gens:
+            lines = tuple(scored_lines(g.text))
+            if lines in seen:
+                continue
+            seen.add(lines)
+            # A completion without Step or Answer lines gives nothing to label: no row (its lines are []).
+            if lines:
+                out.append({"id": q["id"], "prompt": q["prompt"], "steps": list(lines),
+                            "labels": line_labels(lines, q), "source": "gold", "task_type": q["task_type"]})
+    return out
+
+
+def mcts_rows(cfg: PRMDataConfig, policy: StepPolicy, questions: list[dict]) -> list[dict]:
+    """PROPA's MCTS per question; each leaf path with log_boost(Q) of every node on it."""
+    prompts = [q["prompt"] for q in questions]
+
+    def reward(i: int, text: str) -> float:
+        q = questions[i]
+        return float(grade(extract_answer(text), q["answer"], q["answer_type"]))
+
+    roots = mcts(prompts, policy, rollout_evaluator(prompts, policy, reward), iterations=cfg.iterations,
+                 children=cfg.children, c=cfg.ucb_c, max_steps=cfg.max_steps)
+    return [{"id": q["id"], "prompt": q["prompt"], "steps": list(lines), "labels": [round(log_boost(v), 6) for v in qs],
+             "source": "mcts", "task_type": q["task_type"]}
+            for q, root in zip(questions, roots) for lines, qs in tree_paths(root)]
+
+
+def balance(rows: list[dict]) -> dict:
+    labels = [y for r in rows for y in r["labels"]]
+    return {"rows": len(rows), "lines": len(labels),
+            "mean_label": round(sum(labels) / len(labels), 4) if labels else None,
+            "share_at_least_half": round(sum(y >= 0.5 for y in labels) / len(labels), 4) if labels else None}
+
+
+def agreement(rows: list[dict], by_id: dict[str, dict]) -> dict:
+    """MCTS labels against the gold labels of the same lines: agreement at 0.5 and the AUROC of one for the other."""
+    mcts_labels, gold = [], []
+    for r in rows:
+        mcts_labels += r["labels"]
+        gold += line_labels(r["steps"], by_id[r["id"]])
+    if not gold:
+        return {"lines": 0, "agreement": None, "auroc": None}
+    agree = sum((m >= 0.5) == (g >= 0.5) for m, g in zip(mcts_labels, gold)) / len(gold)
+    area = auroc(gold, mcts_labels)
+    return {"lines": len(gold), "agreement": round(agree, 4), "auroc": None if area is None else round(area, 4)}
+
+
+def _flow(cfg: PRMDataConfig) -> None:
+    train_file, val_file, model_dir = paths.split_file("train"), paths.split_file("val"), paths.model_dir(cfg.policy)
+    train = read_rows(train_file, required=EXAMPLE_COLUMNS)
+    val = read_rows(val_file, required=EXAMPLE_COLUMNS)
+    model, tokenizer = load_model(model_dir)
+    rng = random.Random(cfg.seed)
+    gold_q = sample_questions(train, cfg.gold_questions, rng)
+    mcts_q = sample_questions(train, cfg.mcts_questions, rng, exclude={q["id"] for q in gold_q})
+    val_q = sample_questions(val, cfg.val_questions, rng)
+    sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
+    log = stage_logger()
+
+    start = time.perf_counter()
+    gold_train, gold_val = gold_rows(cfg, sampler, gold_q), gold_rows(cfg, sampler, val_q)
+    gold_seconds = time.perf_counter() - start
+    log.info("prm_data: %d gold paths from %d questions (%.0f s)", len(gold_train), len(gold_q), gold_seconds)
+
+    start = time.perf_counter()
+    policy = StepPolicy(model, tokenizer, batch_size=cfg.batch_size, step_tokens=cfg.step_tokens,
+                        completion_tokens=cfg.max_new_tokens, temperature=cfg.expand_temperature,
+                        top_p=cfg.expand_top_p, top_k=cfg.expand_top_k, seed=cfg.seed)
+    searched = mcts_rows(cfg, policy, mcts_q) if mcts_q else []
+    mcts_seconds = time.perf_counter() - start
+    log.info("prm_data: %d MCTS paths from %d questions (%.0f s)", len(searched), len(mcts_q), mcts_seconds)
+
+    metrics = {
+        "policy": cfg.policy,
+        "gold": balance(gold_train),
+        "mcts": balance(searched),
+        "val": balance(gold_val),
+        "mcts_vs_gold": agreement(searched, {q["id"]: q for q in mcts_q}),
+        "mcts_policy_tokens": policy.tokens,
+        "gold_seconds": round(gold_seconds, 1),
+        "mcts_seconds": round(mcts_seconds, 1),
+    }
+    with atomic_dir(paths.stage_data("prm_data")) as out:
+        write_rows(out / "train.parquet", gold_train + searched, schema=STEP_LABEL_SCHEMA)
+        write_rows(out / "val.parquet", gold_val, schema=STEP_LABEL_SCHEMA)
+        counts = {k: v for k, v in metrics.items() if "second" not in k}
+        write_manifest(out, "prm_data", cfg, inputs=[model_dir, train_file, val_file], counts=counts)
+    with atomic_dir(paths.live_dir("prm_data")) as out:
+        shares = {f"{source} (>= 0.5)": metrics[source]["share_at_least_half"] or 0.0 for source in ("gold", "mcts")}
+        write_json(out / "label_balance.json", [{"source": k, "share": v} for k, v in shares.items()])
+        bar_chart(shares, out / "label_balance.png", title="Step labels at or above 0.5, per source",
+                  xlabel="share of lines")
+    write_json(paths.metrics_file("prm_data"), metrics)
+
+
+def main() -> None:
+    with expected_errors():
+        cfg = load_section("prm_data", PRMDataConfig)
+    run_stage("prm_data", _flow, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The PRM's pieces on hand-computed cases: scored lines, gold labels, log_boost, aggregation, AUROC,
+calibration, the loss, encoding positions, batched scoring and the tokenizer check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+from pipeline.io import InputError
+from pipeline.models import train_tokenizer
+from pipeline.prm import (
+    EMPTY_SCORE, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
+    expected_calibration_error, line_labels, log_boost, prm_loss, scored_lines,
+)
+
+ROW = {
+    "answer": "9", "answer_type": "number",
+    "steps": [{"function": "f", "text": "", "value": "Jan 15, Feb 11"}, {"function": "g", "text": "", "value": "15"},
+              {"function": "h", "text": "", "value": "9"}],
+}
+RIGHT = "Step 1: Select them: Jan 15, Feb 11.\nStep 2: The largest is 15.\nStep 3: 15 - 6 = 9.\nAnswer: 9"
+CORPUS = [RIGHT, "Chart: bar.\nQuestion: What is it?\n", "Step 1: The value is 3.\nAnswer: No"] * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(CORPUS, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def prm(tokenizer):
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id)
+    return Qwen2ForTokenClassification(config).eval()
+
+
+def test_scored_lines_are_step_lines_then_the_first_answer_line():
+    text = "Let me think.\nStep 1: a is 2.\n  Step 2: b is 3.  \nAnswer: 3\nStep 3: extra.\nAnswer: 4"
+    assert scored_lines(text) == ["Step 1: a is 2.", "Step 2: b is 3.", "Answer: 3"]
+    assert scored_lines("no steps at all") == []
+    assert scored_lines("Answer: 5") == ["Answer: 5"]
+    assert scored_lines(None) == []
+
+
+def test_gold_labels_check_each_step_value_and_the_answer():
+    assert line_labels(scored_lines(RIGHT), ROW) == [1.0, 1.0, 1.0, 1.0]
+    wrong = "Step 1: Select them: Jan 15, Feb 12.\nStep 2: The largest is 15.\nStep 3: 15 - 6 = 10.\nAnswer: 10"
+    assert line_labels(scored_lines(wrong), ROW) == [0.0, 1.0, 0.0, 0.0]
+    # beyond the gold chain, and a step without a value
+    extra = "Step 1: no value here\nStep 2: The largest is 15.\nStep 3: 15 - 6 = 9.\nStep 4: again 9.\nAnswer: 9"
+    assert line_labels(scored_lines(extra), ROW) == [0.0, 1.0, 1.0, 0.0, 1.0]
+    # the pool's flat step_values work too
+    assert line_labels(["Step 1: x is 9."], {"answer": "9", "answer_type": "number", "step_values": ["9"]}) == [1.0]
+
+
+def test_log_boost_lifts_small_success_rates():
+    assert log_boost(0.0) == 0.0 and log_boost(1.0) == pytest.approx(1.0)
+    assert log_boost(0.1) == pytest.approx(math.log(2) / math.log(11))
+    assert log_boost(0.25) > 0.25
+
+
+def test_aggregate_and_the_empty_completion():
+    assert aggregate([0.9, 0.2, 0.6], "min") == 0.2
+    assert aggregate([0.9, 0.2, 0.6], "last") == 0.6
+    assert aggregate([0.9, 0.2, 0.7], "mean") == pytest.approx(0.6)
+    assert aggregate([], "min") == EMPTY_SCORE
+    with pytest.raises(ValueError, match="median"):
+        aggregate([0.5], "median")
+
+
+def test_auroc_hand_computed():
+    # positives 0.9, 0.4; negatives 0.1, 0.6: 3 of 4 pairs ordered right
+    assert auroc([1, 0, 1, 0], [0.9, 0.1, 0.4, 0.6]) == pytest.approx(0.75)
+    assert auroc([1, 0], [0.5, 0.5]) == pytest.approx(0.5)  # a tie counts half
+    assert auroc([1, 1, 0], [0.3, 0.3, 0.1]) == pytest.approx(1.0)
+    assert auroc([1, 1], [0.2, 0.3]) is None
+
+
+def test_calibration_table_and_ece():
+    table = calibration([1, 0, 1, 1], [0.05, 0.05, 0.95, 1.0], bins=2)
+    assert table == [
+        {"bin": 0.25, "predicted": 0.05, "observed": 0.5, "lines": 2},
+        {"bin": 0.75, "predicted": 0.975, "observed": 1.0, "lines": 2},
+    ]
+    assert expected_calibration_error(table) == pytest.approx((2 * 0.45 + 2 * 0.025) / 4, abs=1e-4)
+
+
+def test_loss_is_bce_on_gold_and_mse_on_mcts_labels():
+    logits = torch.zeros(1, 4, 1)  # sigmoid 0.5 everywhere
+    positions = torch.tensor([[1, 3, -1]])
+    gold = prm_loss(logits, positions, torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0, 0, 0]]))
+    assert gold.item() == pytest.approx(math.log(2))
+    mcts = prm_loss(logits, positions, torch.tensor([[0.9, 0.1, 0.0]]), torch.tensor([[1, 1, 1]]))
+    assert mcts.item() == pytest.approx(0.16)
+
+
+def test_encode_scores_the_last_token_of_each_line(tokenizer):
+    prompt = "Chart: bar.\nQuestion: What is it?\n"
+    lines = scored_lines(RIGHT)
+    ids, positions = encode(tokenizer, prompt, lines)
+    assert len(positions) == len(lines)
+    text = tokenizer.decode(ids)
+    assert text == prompt + "\n".join(lines)
+    # the token at each position ends its line: the next token starts with a newline (or the text ends)
+    for pos, line in zip(positions, lines):
+        assert line.endswith(tokenizer.decode([ids[pos]]).strip() or line[-1])
+        assert pos == len(ids) - 1 or tokenizer.decode([ids[pos + 1]]).startswith("\n")
+
+
+def test_batched_scores_equal_one_at_a_time_and_no_lines_is_defined(tokenizer, prm):
+    prompts = ["Chart: bar.\nQuestion: What is it?\n"] * 3
+    completions = [RIGHT, "Step 1: The value is 3.\nAnswer: No", "I refuse to show steps."]
+    lines = [scored_lines(c) for c in completions]
+    batched = PRMScorer(prm, tokenizer, batch_size=8).score(prompts, lines)
+    single = [PRMScorer(prm, tokenizer, batch_size=1).score([p], [ls])[0] for p, ls in zip(prompts, lines)]
+    assert [len(s) for s in batched] == [4, 2, 0]
+    for a, b in zip(batched, single):
+        assert a == pytest.approx(b, abs=1e-5)
+    scores = PRMScorer(prm, tokenizer).score_completions(prompts, completions, "min")
+    assert scores[2] == EMPTY_SCORE and all(0.0 < s < 1.0 for s in scores[:2])
+
+
+def test_collate_pads_right_and_marks_padding_positions():
+    batch = collate([{"input_ids": [5, 6, 7], "positions": [1, 2], "line_labels": [1.0, 0.0], "kind": 0},
+                     {"input_ids": [8], "positions": [0], "line_labels": [0.5], "kind": 1}], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["score_positions"].tolist() == [[1, 2], [0, -1]]
+    assert batch["score_kinds"].tolist() == [[0, 0], [1, 0]]  # a padding slot is masked out anyway
+
+
+def test_a_prm_with_another_tokenizer_fails_with_a_clear_message(tokenizer):
+    other = train_tokenizer(["completely different words here"] * 10, vocab_size=280)
+    check_tokenizer(tokenizer, tokenizer, "models/prm", "models/sft")  # the same: no error
+    with pytest.raises(InputError, match=r"models/prm: the PRM's tokenizer .* does not match the policy's at models/x"):
+        check_tokenizer(tokenizer, other, "models/prm", "models/x")
