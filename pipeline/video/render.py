@@ -40,10 +40,11 @@ def rgb(name: str) -> tuple[int, int, int]:
 
 
 def nice_max(value: float) -> float:
-    """The smallest 1-2-5 multiple of a power of ten, times TICKS, that covers `value`."""
+    """The smallest round step (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten), times TICKS,
+    that covers `value`: 18.7 -> 20 (step 5), 41 -> 50 (step 12.5)."""
     raw = max(value, 1e-9) / TICKS
     power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    step = next(m * power for m in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * power >= raw)
     return step * TICKS
 
 
