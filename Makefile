@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sft_step.py
 	$(BIN)/python bench/teacher_sampling.py
 	$(BIN)/python bench/grpo_step.py
+	$(BIN)/python bench/animate.py
 
 server: $(STAMP)
 	$(BIN)/prefect server start --host 127.0.0.1

@@ -136,6 +136,10 @@ class SFTConfig(TrainConfig):
     )
     stage2_epochs: float = Field(2.0, gt=0, description="curriculum stage 2: passes over the hard set")
     stage2_learning_rate: float = Field(3e-4, gt=0, lt=1, description="curriculum stage 2: peak learning rate")
+    mix: float = Field(
+        0.0, ge=0, description="temporal questions of data/animate added to phase 1, as a share of its rows "
+        "(0.1: one per ten rows, at most all of them; 0: none)",
+    )
 
 
 class TeacherConfig(Section):
@@ -428,6 +432,56 @@ class DecodingConfig(Section):
         return self
 
 
+EditOp = Literal["highlight", "recolour", "remove", "annotate", "change_value"]
+
+
+class AnimateConfig(Section):
+    """`animate`: chart images to paired source/target video-edit clips, filters and temporal questions."""
+
+    seed: int = Field(0, description="RNG seed; with the procedural backend the same seed gives byte-identical clips")
+    backend: Literal["procedural", "diffusers"] = Field(
+        "procedural", description="procedural: camera and data dynamics redrawn on CPU; diffusers: an image-to-video "
+        "pipeline (Stable Video Diffusion, CogVideoX-I2V) from model_path, on GPU (pip install -e '.[video]')",
+    )
+    model_path: str | None = Field(None, description="diffusers: local folder of the pipeline (with model_index.json)")
+    device: str = Field("cuda", description="diffusers: torch device")
+    dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="diffusers: weight dtype")
+    num_inference_steps: int = Field(25, ge=1, description="diffusers: denoising steps per clip")
+    samples: int = Field(60, ge=1, description="training tables turned into samples (the first N rows of train)")
+    frames: int = Field(16, ge=2, description="frames per clip")
+    fps: int = Field(8, ge=1, le=60, description="frames per second of the MP4 files")
+    width: int = Field(320, ge=64, description="frame width in pixels (even: H.264 4:2:0)")
+    height: int = Field(240, ge=64, description="frame height in pixels (even)")
+    crf: int = Field(18, ge=0, le=51, description="x264 constant rate factor (lower: larger files, closer to the frames)")
+    edit_ops: dict[EditOp, float] = Field(
+        {"highlight": 1.0, "recolour": 1.0, "remove": 1.0, "annotate": 1.0, "change_value": 1.0},
+        min_length=1, description="edit operation -> sampling weight",
+    )
+    max_zoom: float = Field(0.15, ge=0, le=1, description="camera: end zoom drawn from [1 - max/2, 1 + max]")
+    max_pan: float = Field(0.06, ge=0, le=0.5, description="camera: end pan, a share of the width / height")
+    max_rotation: float = Field(3.0, ge=0, le=45, description="camera: end rotation in degrees, either way")
+    value_drift: float = Field(0.5, ge=0, le=2, description="data dynamics: each value moves by up to this share of the table's largest value")
+    mask_margin: int = Field(3, ge=0, description="pixels added around each edited mark's box (anti-aliasing, outlines)")
+    min_temporal_ssim: float = Field(0.6, ge=-1, le=1, description="filter: lowest SSIM allowed between consecutive frames")
+    min_motion: float = Field(1.0, ge=0, description="filter: least mean grey-level change between consecutive frames (0-255)")
+    min_preserved_psnr: float = Field(35.0, ge=0, description="filter: least PSNR (dB) between source and target outside the edit")
+    min_preserved_ssim: float = Field(0.98, ge=-1, le=1, description="filter: least SSIM between source and target outside the edit")
+    max_edited_area: float = Field(0.6, gt=0, le=1, description="filter: largest share of the frame the edit mask may cover")
+    questions_per_sample: int = Field(2, ge=0, le=4, description="temporal questions per kept sample (distinct chains)")
+    question_frames: int = Field(5, ge=2, description="frames listed in a temporal question (evenly spaced, first and last)")
+    contact_sheet: int = Field(6, ge=0, description="kept samples shown in the contact sheet (0: none); the first one also as a GIF")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "AnimateConfig":
+        if self.width % 2 or self.height % 2:
+            raise ValueError("width and height must be even (H.264 4:2:0)")
+        if self.backend == "diffusers" and not self.model_path:
+            raise ValueError("backend diffusers needs `model_path` (a local diffusers pipeline folder)")
+        if not any(w > 0 for w in self.edit_ops.values()):
+            raise ValueError("edit_ops needs a positive weight")
+        return self
+
+
 class EvaluateConfig(Section):
     """`evaluate`: batched greedy generation on test and ood, graded per question; PRM-guided decoding."""
 
@@ -455,6 +509,7 @@ SECTIONS: dict[str, type[Section]] = {
     "prm_data": PRMDataConfig,
     "prm": PRMConfig,
     "evaluate": EvaluateConfig,
+    "animate": AnimateConfig,
 }
 
 S = TypeVar("S", bound=Section)

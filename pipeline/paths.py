@@ -33,6 +33,11 @@ def charts_dir() -> Path:
     return stage_data("synthesize") / "charts"
 
 
+def animate_questions() -> Path:
+    """Temporal questions over the animate clips, in the reasoning-example columns (sft.mix reads them)."""
+    return stage_data("animate") / "questions.parquet"
+
+
 def model_dir(name: str) -> Path:
     """A trained or built model in Hugging Face format: models/<name>/."""
     return MODELS / name

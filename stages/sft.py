@@ -4,6 +4,8 @@ Supervised fine-tuning of models/base with TRL's SFTTrainer (loss on the
 completion only), on `sft.source`: the gold Chain-of-Functions rationales, the
 teacher's verified traces (data/distill/train.parquet), or both. With
 `sft.curriculum`, a second phase trains on the hard set (data/distill/hard.parquet).
+With `sft.mix` > 0, phase 1 also trains on that share of temporal questions
+over video clips (data/animate/questions.parquet, a seeded sample).
 With `distill.method: logits`, a last phase distils the teacher's token
 distributions on the student's own rollouts (TRL's DistillationTrainer).
 
@@ -22,6 +24,7 @@ from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import load_model, save_model
 from pipeline.training import logit_distill, sft_train
+from pipeline.video.questions import mix_rows
 
 DISTILLED = paths.split_file("train", stage="distill")
 HARD = paths.split_file("hard", stage="distill")
@@ -68,9 +71,14 @@ def _flow(cfg: SFTConfig, distill: DistillConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     rows, files = training_rows(cfg.source)  # fail on a missing input before loading anything
+    train_cfg, rows, temporal = mix_rows(cfg, rows)
+    if cfg.mix > 0:
+        files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"))
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
-        metrics = run(cfg, distill, model, tokenizer, rows, val_rows, out / ".trainer", live)
+        metrics = run(train_cfg, distill, model, tokenizer, rows, val_rows, out / ".trainer", live)
+        if cfg.mix > 0:
+            metrics["temporal_rows"] = temporal
         stage_logger().info("sft: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)

@@ -34,6 +34,7 @@ TINY_PARAMS = {
              "logging_steps": 1, "success_prompts": 8},
     "dpo": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 4, "logging_steps": 1},
     "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8},
+    "animate": {"seed": 0, "samples": 6, "frames": 10, "width": 160, "height": 120, "contact_sheet": 2},
 }
 
 

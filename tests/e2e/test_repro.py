@@ -33,7 +33,7 @@ def dvc(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
 
 EVALUATED = ["evaluate@dpo", "evaluate@grpo", "evaluate@sft", "evaluate@sft_extended"]
 AFTER_SFT = sorted(["sft", "mine", "grpo", "sft_extended", "dpo", *EVALUATED])
-ALL_STAGES = sorted(["synthesize", "base", "teacher", "distill", "evaluate@teacher", *AFTER_SFT])
+ALL_STAGES = sorted(["synthesize", "animate", "base", "teacher", "distill", "evaluate@teacher", *AFTER_SFT])
 
 
 def ran_stages(output: str) -> list[str]:

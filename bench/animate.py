@@ -1,0 +1,80 @@
+"""python bench/animate.py [--tables 20] [--frames 16]
+
+Procedural frame rendering of the `animate` stage against re-plotting every
+frame with matplotlib, at the same size (the default 320 x 240), on one core.
+Both draw the first `--tables` training tables at each frame's values (the data
+dynamics of pipeline/video/sample.py) and return an RGB array moved by the same
+camera warp, so the ratio is the renderer's alone: PIL rasterisation
+(pipeline/video/render.py) against a fresh matplotlib Figure per frame (the
+chart code of pipeline/cof/render.py, Agg canvas to array). Needs
+data/synthesize (dvc repro synthesize).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+from pipeline import paths
+from pipeline.cof.render import DRAW
+from pipeline.config import load_section
+from pipeline.io import read_rows
+from pipeline.video.render import Scene, draw, warp
+from pipeline.video.sample import make_plan, sample_seed
+
+
+def matplotlib_frame(table: dict, values: np.ndarray, width: int, height: int, dpi: int = 80) -> np.ndarray:
+    """One frame re-plotted from scratch, as pipeline/cof/render.py draws a chart."""
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(f"{table['title']} ({table['unit']})", fontsize=9)
+    frame_table = {**table, "values": values.tolist()}
+    if table["chart_type"] == "pie":
+        ax.pie(values[:, 0], labels=table["categories"], colors=table["colours"], startangle=90, counterclock=False,
+               textprops={"fontsize": 7})
+    else:
+        DRAW[table["chart_type"]](ax, frame_table)
+        ax.set_xticks(range(len(table["categories"])), table["categories"], fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", type=int, default=20, help="training tables, each drawn for every frame")
+    parser.add_argument("--frames", type=int, default=None, help="frames per table (default: animate.frames)")
+    args = parser.parse_args()
+    cfg = load_section("animate")
+    if args.frames:
+        cfg = cfg.model_copy(update={"frames": args.frames})
+    rows = read_rows(paths.split_file("train"))[: args.tables]
+    plans = [make_plan(json.loads(r["table"]), cfg, sample_seed(cfg.seed, r["id"])) for r in rows]
+    n = len(plans) * cfg.frames
+
+    def run(render) -> float:
+        start = time.perf_counter()
+        for plan in plans:
+            for k, values in enumerate(plan.frame_values):
+                frame = render(plan, values)
+                warp(Image.fromarray(frame), plan.camera.at(k / (cfg.frames - 1)))
+        return n / (time.perf_counter() - start)
+
+    procedural = run(lambda plan, values: draw(plan.layout, Scene.of(plan.table, values))[0])
+    replot = run(lambda plan, values: matplotlib_frame(plan.table, values, cfg.width, cfg.height))
+    shape = matplotlib_frame(plans[0].table, plans[0].frame_values[0], cfg.width, cfg.height).shape
+    print(f"{len(plans)} tables x {cfg.frames} frames at {cfg.width} x {cfg.height} (matplotlib array {shape[1]} x {shape[0]})")
+    print(f"procedural (PIL raster + camera warp): {procedural:.0f} frames/s")
+    print(f"matplotlib re-plot per frame (+ the same warp): {replot:.0f} frames/s")
+    print(f"ratio: {procedural / replot:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

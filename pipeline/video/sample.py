@@ -1,0 +1,93 @@
+"""One video sample from one synthesized table: plan, clips, filter scores, temporal questions.
+
+    plan = make_plan(table, cfg, seed)             # data dynamics, camera, edit; seeded by (cfg.seed, row id)
+    sample = make_sample(row, cfg, backend)         # .clips .scores .reasons .questions
+
+Data dynamics: the table moves from its own values (state A) to a second state
+B, each value shifted by up to `value_drift` times the table's largest value
+(rounded to integers, as a table is); frame k shows A + (B - A) * ease(k / (F - 1))
+rounded to one decimal, the same numbers the temporal questions read.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.video.backends import Clips, Plan
+from pipeline.video.edits import choose_edit
+from pipeline.video.filters import failures, score
+from pipeline.video.questions import temporal_questions
+from pipeline.video.render import Camera, Layout, ease, nice_max
+
+
+def table_states(rng: random.Random, table: dict, drift: float) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(table["values"], dtype=float)
+    shift = np.array([[rng.uniform(-drift, drift) for _ in row] for row in a]) * a.max()
+    b = np.maximum(np.round(a + shift), 1.0)
+    if np.array_equal(a, b):  # a clip whose data never moves has no data dynamics to ask about
+        b[0, 0] += 1
+    return a, b
+
+
+def frame_values(a: np.ndarray, b: np.ndarray, frames: int) -> list[np.ndarray]:
+    return [np.round(a + (b - a) * ease(k / max(frames - 1, 1)), 1) for k in range(frames)]
+
+
+def choose_camera(rng: random.Random, cfg) -> Camera:
+    return Camera(
+        zoom=1 + rng.uniform(-cfg.max_zoom / 2, cfg.max_zoom),
+        pan_x=rng.uniform(-cfg.max_pan, cfg.max_pan) * cfg.width,
+        pan_y=rng.uniform(-cfg.max_pan, cfg.max_pan) * cfg.height,
+        rotation=rng.uniform(-cfg.max_rotation, cfg.max_rotation),
+    )
+
+
+def make_plan(table: dict, cfg, seed: int) -> Plan:
+    """Everything random about a sample, drawn from one seeded generator in a fixed order."""
+    rng = random.Random(seed)
+    a, b = table_states(rng, table, cfg.value_drift)
+    stacked = table["chart_type"] == "stacked_bar"
+    top = max((a.sum(1) if stacked else a).max(), (b.sum(1) if stacked else b).max())
+    layout = Layout(table, cfg.width, cfg.height, vmax=nice_max(float(top) * 1.1))
+    edit = choose_edit(rng, table, cfg.edit_ops, layout.vmax)
+    camera = choose_camera(rng, cfg)
+    return Plan(table, layout, frame_values(a, b, cfg.frames), camera, edit, seed)
+
+
+def listed_frames(frames: int, k: int) -> list[int]:
+    """`k` evenly spaced frame indices (0-based), first and last included."""
+    return sorted({round(x) for x in np.linspace(0, frames - 1, min(k, frames))})
+
+
+@dataclass
+class Sample:
+    row_id: str
+    plan: Plan
+    clips: Clips
+    scores: dict
+    reasons: list[str]
+    questions: list[dict] = field(default_factory=list)
+
+
+def sample_seed(seed: int, row_id: str) -> int:
+    """A per-sample seed that does not depend on which other rows are in the run."""
+    return random.Random(f"{seed}:{row_id}").getrandbits(32)
+
+
+def make_sample(row: dict, cfg, backend) -> Sample:
+    table = json.loads(row["table"])
+    seed = sample_seed(cfg.seed, row["id"])
+    plan = make_plan(table, cfg, seed)
+    clips = backend.clips(plan)
+    scores = score(clips.source, clips.target, clips.masks)
+    questions = []
+    if backend.name == "procedural":  # the data dynamics are known only where they were drawn
+        ks = listed_frames(cfg.frames, cfg.question_frames)
+        values = [plan.frame_values[k].tolist() for k in ks]
+        questions = temporal_questions(random.Random(seed + 1), table, values, [k + 1 for k in ks],
+                                       cfg.questions_per_sample, cfg.frames)
+    return Sample(row["id"], plan, clips, scores, failures(scores, cfg), questions)

@@ -1,0 +1,278 @@
+"""pipeline/video: raster charts, edits and their masks, filters, temporal questions, MP4 files, the stage core."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from pipeline.config import AnimateConfig, ConfigError, SynthesizeConfig, parse_section
+from pipeline.grading import extract_answer, extract_steps, grade
+from pipeline.io import InputError
+from pipeline.video import filters
+from pipeline.video.backends import ProceduralBackend, check_backend
+from pipeline.video.clips import read_mp4, write_mp4
+from pipeline.video.edits import EDIT_OPS, choose_edit
+from pipeline.video.questions import temporal_questions
+from pipeline.video.render import Layout, Scene, changed_region, draw, nice_max
+from pipeline.video.sample import make_plan, make_sample
+
+SMALL = AnimateConfig(frames=6, width=96, height=72, samples=3, contact_sheet=1)
+CHARTS = ("bar", "grouped_bar", "stacked_bar", "line", "pie")
+
+
+def table(chart_type: str = "bar", series: int = 1) -> dict:
+    names = ["2023", "2024"][:series] if series > 1 else ["Sales"]
+    values = [[12, 7][:series], [9, 15][:series], [17, 4][:series]]
+    by_category = series == 1 and chart_type in ("bar", "pie")
+    return {"chart_type": chart_type, "title": "Monthly sales", "unit": "k$", "categories": ["Jan", "Feb", "Mar"],
+            "series": names, "values": values, "colours": ["red", "blue", "green"] if by_category else
+            ["red", "blue"][:series], "colour_by": "category" if by_category else "series"}
+
+
+def tables() -> list[dict]:
+    return [table(c, 2 if c in ("grouped_bar", "stacked_bar") else 1) for c in CHARTS] + [table("line", 2)]
+
+
+# --- renderer ---------------------------------------------------------------------------------------------
+
+def test_nice_max_by_hand():
+    assert nice_max(18.7) == 20  # 18.7 / 4 ticks = 4.7 -> step 5
+    assert nice_max(4.0) == 4  # step 1
+    assert nice_max(41.0) == 50  # 10.25 -> step 12.5
+
+
+def test_nice_max_covers_and_is_tight():
+    for v in (0.3, 1, 7.5, 18.7, 41, 99, 260):
+        top = nice_max(v)
+        assert v <= top <= 1.34 * v  # the next round step is at most a third above
+
+
+@pytest.mark.parametrize("t", tables(), ids=lambda t: f"{t['chart_type']}-{len(t['series'])}")
+def test_draw_is_deterministic_and_reports_every_mark(t):
+    layout = Layout(t, 160, 120)
+    scene = Scene.of(t, t["values"])
+    a, marks = draw(layout, scene)
+    b, _ = draw(layout, scene)
+    assert a.shape == (120, 160, 3) and a.dtype == np.uint8 and np.array_equal(a, b)
+    for i in range(3):
+        for j in range(len(t["series"])):
+            box = marks[(i, j)][0]
+            assert 0 <= box[0] < box[2] <= 160 + 8 and 0 <= box[1] < box[3] <= 120 + 8
+    assert (a != 255).any()
+
+
+def test_bar_height_follows_value():
+    t = table("bar")
+    _, marks = draw(Layout(t, 160, 120), Scene.of(t, t["values"]))
+    heights = [marks[(i, 0)][0][3] - marks[(i, 0)][0][1] for i in range(3)]
+    assert heights[2] > heights[0] > heights[1]  # 17 > 12 > 9
+
+
+# --- edits ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", EDIT_OPS)
+@pytest.mark.parametrize("t", tables(), ids=lambda t: f"{t['chart_type']}-{len(t['series'])}")
+def test_edit_changes_only_its_region(op, t):
+    layout = Layout(t, 160, 120)
+    edit = choose_edit(random.Random(1), t, {op: 1.0}, layout.vmax)
+    scene = Scene.of(t, t["values"])
+    src, src_marks = draw(layout, scene)
+    tgt, tgt_marks = draw(layout, edit.apply(scene))
+    from pipeline.video.render import region_mask
+
+    mask = np.asarray(region_mask(changed_region(src_marks, tgt_marks), 160, 120, margin=1)) > 0
+    assert edit.op == op and edit.instruction.endswith(".")
+    assert not np.array_equal(src, tgt), "the edit shows"
+    assert mask.any() and mask.mean() < 0.75
+    assert np.array_equal(src[~mask], tgt[~mask]), "pixels outside the edited marks are untouched"
+
+
+def test_instructions_name_the_mark():
+    t = table("bar")
+    layout = Layout(t, 160, 120)
+    seen = {choose_edit(random.Random(s), t, {op: 1.0}, layout.vmax).instruction
+            for s in range(3) for op in EDIT_OPS}
+    assert any("Remove the" in s for s in seen) and any("Recolour the" in s for s in seen)
+    assert all(any(c in s for c in ("Jan", "Feb", "Mar")) for s in seen)
+
+
+# --- filters on hand-made frames --------------------------------------------------------------------------
+
+def test_ssim_by_hand():
+    a = np.full((20, 20), 100, np.uint8)
+    b = np.full((20, 20), 120, np.uint8)
+    c1 = (0.01 * 255) ** 2
+    # constant frames: no variance, so SSIM is the luminance term alone
+    assert filters.ssim(a, a) == pytest.approx(1.0)
+    assert filters.ssim(a, b) == pytest.approx((2 * 100 * 120 + c1) / (100**2 + 120**2 + c1), rel=1e-5)
+    noise = np.random.default_rng(0).integers(0, 256, (32, 32)).astype(np.uint8)
+    assert filters.ssim(noise, 255 - noise) < 0  # anti-correlated structure
+
+
+def test_masked_ssim_and_psnr_ignore_the_mask():
+    a = np.zeros((24, 24, 3), np.uint8)
+    b = a.copy()
+    b[2:6, 2:6] = 200  # the "edit"
+    mask = np.zeros((24, 24), bool)
+    mask[:8, :8] = True
+    assert filters.psnr(a, b, ~mask) == filters.PSNR_CAP
+    assert filters.ssim(a, b, ~mask) == pytest.approx(1.0)
+    assert filters.ssim(a, b) < 1
+    one = a.copy()
+    one[0, 0, 0] = 10  # one channel of one pixel off by 10: mse = 100 / (24 * 24 * 3)
+    assert filters.psnr(a, one) == pytest.approx(10 * math.log10(255**2 * 24 * 24 * 3 / 100))
+
+
+def test_temporal_and_motion_filters():
+    still = [np.full((32, 32, 3), 128, np.uint8)] * 4
+    ramp = [np.full((32, 32, 3), 100 + 2 * k, np.uint8) for k in range(4)]
+    rng = np.random.default_rng(0)
+    flicker = [rng.integers(0, 256, (32, 32, 3)).astype(np.uint8) for _ in range(4)]
+    assert filters.motion(still) == 0 and filters.motion(ramp) == pytest.approx(2.0, abs=1e-4)
+    assert filters.temporal_ssim(still) == pytest.approx(1.0) and filters.temporal_ssim(flicker) < 0.1
+    masks = [np.zeros((32, 32), bool)] * 4
+    cfg = AnimateConfig()
+    assert filters.failures(filters.score(still, still, masks), cfg) == ["motion"]
+    assert filters.failures(filters.score(flicker, flicker, masks), cfg) == ["temporal"]
+    leaked = [f.copy() for f in ramp]
+    for f in leaked:
+        f[:, :16] = 0  # an edit that also blacked out half of every frame, outside its (empty) mask
+    assert filters.failures(filters.score(ramp, leaked, masks), cfg) == ["preservation"]
+    assert filters.failures(filters.score(ramp, ramp, masks), cfg.model_copy(update={"min_motion": 1.0})) == []
+
+
+# --- temporal questions -----------------------------------------------------------------------------------
+
+FRAMES = [1, 4, 8]
+VALUES = [[[10.0], [12.0], [5.0]], [[11.5], [11.0], [6.0]], [[13.0], [9.5], [4.0]]]  # [frame][category][series]
+
+
+def test_temporal_chains_by_hand_and_graded():
+    t = table("bar")
+    rows = temporal_questions(random.Random(0), t, VALUES, FRAMES, n=4, n_frames=8)
+    by_task = {}
+    for row in rows:
+        assert grade(extract_answer(row["rationale"]), row["answer"], row["answer_type"])
+        assert extract_steps(row["rationale"]) == [s["value"] for s in row["steps"]]
+        assert row["prompt"].startswith("Video: bar chart, 8 frames.") and "Frame 4: Jan 11.5; Feb 11; Mar 6" in row["prompt"]
+        by_task.setdefault(row["functions"][-1], row)
+    assert len(rows) == 4
+    # Jan goes 10 -> 11.5 -> 13 and Feb 12 -> 11 -> 9.5: the only crossing, Jan first above Feb in frame 4
+    first = by_task["first_frame"]
+    assert first["answer"] == "4" and first["question"].startswith("In which listed frame is the Jan bar first above the Feb")
+    # the largest in frame 8 is Jan (13), which started at 10: a change of 3
+    largest = next(r for r in rows if r["functions"][0] == "frame_objects")
+    assert largest["answer"] == "3" and "The largest of them is Jan 13." in largest["rationale"]
+    rises = by_task["rises_throughout"]
+    assert rises["answer"] == {"Jan": "Yes", "Feb": "No", "Mar": "No"}[rises["question"].split()[2]]
+    assert not grade("No" if rises["answer"] == "Yes" else "Yes", rises["answer"], "binary")
+
+
+def test_first_exceeding_prefers_a_crossing():
+    t = table("bar")
+    values = [[[1.0], [5.0], [9.0]], [[6.0], [5.0], [9.0]], [[7.0], [5.0], [9.0]]]
+    for seed in range(5):
+        rows = [r for r in temporal_questions(random.Random(seed), t, values, FRAMES, 4, 8)
+                if r["functions"][-1] == "first_frame"]
+        assert rows and rows[0]["answer"] == "4"  # Jan crosses Feb in frame 4; Mar leads all along
+
+
+# --- clips, seeds, bad input -------------------------------------------------------------------------------
+
+def _row(seed: int = 0, image_path: str | None = None) -> dict:
+    from pipeline.cof.tables import random_table
+
+    t = random_table(random.Random(seed), SynthesizeConfig(chart_types=["bar", "line", "grouped_bar"], max_series=2))
+    return {"id": f"train-{seed:06d}", "table": json.dumps(t), "image_path": image_path}
+
+
+def test_mp4_round_trip(tmp_path):
+    sample = make_sample(_row(), SMALL, ProceduralBackend(SMALL))
+    path = tmp_path / "clip.mp4"
+    write_mp4(path, sample.clips.source, fps=SMALL.fps)
+    frames, fps = read_mp4(path)
+    assert len(frames) == SMALL.frames and frames[0].shape == (SMALL.height, SMALL.width, 3)
+    assert fps == Fraction(SMALL.fps)
+    assert filters.psnr(frames[0], sample.clips.source[0]) > 30  # H.264 at crf 18 keeps the chart
+
+
+def test_target_equals_source_outside_the_edit_after_encoding(tmp_path):
+    cfg = AnimateConfig(frames=6, width=160, height=120)
+    for seed in range(3):
+        sample = make_sample(_row(seed), cfg, ProceduralBackend(cfg))
+        assert sample.scores["preserved_psnr"] == filters.PSNR_CAP  # the rendered frames: exact
+        write_mp4(tmp_path / "s.mp4", sample.clips.source, cfg.fps)
+        write_mp4(tmp_path / "t.mp4", sample.clips.target, cfg.fps)
+        (src, _), (tgt, _) = read_mp4(tmp_path / "s.mp4"), read_mp4(tmp_path / "t.mp4")
+        for s, t, m in zip(src, tgt, sample.clips.masks):
+            assert filters.psnr(s, t, ~m) >= cfg.min_preserved_psnr  # decoded: within the filter threshold
+
+
+def test_same_seed_gives_byte_identical_clips(tmp_path):
+    def clip_bytes(cfg: AnimateConfig, name: str) -> bytes:
+        sample = make_sample(_row(3), cfg, ProceduralBackend(cfg))
+        write_mp4(tmp_path / name, sample.clips.target, cfg.fps)
+        return (tmp_path / name).read_bytes()
+
+    assert clip_bytes(SMALL, "a.mp4") == clip_bytes(SMALL, "b.mp4")
+    assert clip_bytes(SMALL, "a.mp4") != clip_bytes(SMALL.model_copy(update={"seed": 1}), "c.mp4")
+
+
+def test_plan_depends_on_seed_not_on_other_rows():
+    t = json.loads(_row(5)["table"])
+    a, b = make_plan(t, SMALL, 7), make_plan(t, SMALL, 7)
+    assert a.camera == b.camera and a.edit == b.edit
+    assert all(np.array_equal(x, y) for x, y in zip(a.frame_values, b.frame_values))
+    assert not np.array_equal(a.frame_values[0], a.frame_values[-1])  # the data moves
+
+
+def test_corrupted_source_image_is_skipped_and_counted(tmp_path, monkeypatch):
+    from stages.animate import run
+
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png" * 4)
+    good = tmp_path / "good.png"
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), "white").save(good)
+    rows = [_row(0, str(good)), _row(1, str(bad)), _row(2)]
+    out = tmp_path / "out"
+    out.mkdir()
+    keep_all = {"min_motion": 0.0, "min_temporal_ssim": -1.0, "max_edited_area": 1.0}  # this test is about input
+    result = run(SMALL.model_copy(update=keep_all), rows, out, ProceduralBackend(SMALL))
+    assert result["skipped"] == [str(bad)] and result["metrics"]["skipped_images"] == 1
+    assert [m["source_id"] for m in result["manifest"]] == ["train-000000", "train-000002"]
+    assert result["manifest"][0]["source_image"] == str(good)
+    assert (out / "images" / "animate-train-000002.png").exists()  # no chart: the first frame is the image
+    assert len(list((out / "clips").glob("*.mp4"))) == 4
+
+
+# --- config and the diffusers backend's checks ------------------------------------------------------------
+
+def test_config_rejects_bad_shapes_and_a_diffusers_run_without_a_model():
+    with pytest.raises(ConfigError, match="even"):
+        parse_section("animate", AnimateConfig, {"width": 321})
+    with pytest.raises(ConfigError, match="model_path"):
+        parse_section("animate", AnimateConfig, {"backend": "diffusers"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_section("animate", AnimateConfig, {"frame": 8})
+
+
+def test_diffusers_backend_fails_before_work(tmp_path, monkeypatch):
+    import importlib.util
+
+    cfg = AnimateConfig(backend="diffusers", model_path=str(tmp_path / "svd"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "diffusers" else real(name, *a))
+    with pytest.raises(InputError, match="diffusers package"):
+        check_backend(cfg)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    with pytest.raises(InputError, match="svd"):
+        check_backend(cfg)  # the folder has no model_index.json
+    check_backend(AnimateConfig())  # procedural: nothing to check
