@@ -463,7 +463,7 @@ class AnimateConfig(Section):
     value_drift: float = Field(0.5, ge=0, le=2, description="data dynamics: each value moves by up to this share of the table's largest value")
     mask_margin: int = Field(3, ge=0, description="pixels added around each edited mark's box (anti-aliasing, outlines)")
     min_temporal_ssim: float = Field(0.6, ge=-1, le=1, description="filter: lowest SSIM allowed between consecutive frames")
-    min_motion: float = Field(1.0, ge=0, description="filter: least mean grey-level change between consecutive frames (0-255)")
+    min_motion: float = Field(1.0, ge=0, description="filter: least mean change of 2x2 block-averaged luma between consecutive frames (0-255)")
     min_preserved_psnr: float = Field(35.0, ge=0, description="filter: least PSNR (dB) between source and target outside the edit")
     min_preserved_ssim: float = Field(0.98, ge=-1, le=1, description="filter: least SSIM between source and target outside the edit")
     max_edited_area: float = Field(0.6, gt=0, le=1, description="filter: largest share of the frame the edit mask may cover")

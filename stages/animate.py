@@ -11,7 +11,8 @@ temporal questions (`Step k:` chains over the frames) in the reasoning-example
 columns, which `sft.mix` can add to SFT.
 
 A source chart image that cannot be read is logged with its path, skipped and
-counted (`skipped_images`). `animate.backend: diffusers` animates with a local
+counted (`skipped_images`); so is a row whose table JSON is malformed, with
+its row id (`skipped_tables`). `animate.backend: diffusers` animates with a local
 image-to-video pipeline instead (GPU); a missing package or model path fails
 before any work.
 
@@ -37,7 +38,7 @@ from pipeline.io import EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, 
 from pipeline.plots import bar_chart
 from pipeline.video.backends import check_backend, make_backend
 from pipeline.video.clips import contact_sheet, write_gif, write_mp4
-from pipeline.video.sample import Sample, make_sample
+from pipeline.video.sample import Sample, make_sample, parse_table
 
 SCORES = ("temporal_ssim", "motion", "preserved_psnr", "preserved_ssim", "edited_area")
 FILTERS = ("temporal", "motion", "preservation", "edited_area")
@@ -85,9 +86,15 @@ def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
     (out / "clips").mkdir()
     (out / "images").mkdir()
     manifest, questions, previews = [], [], []
-    rejected, skipped, ops = Counter(), [], Counter()
+    rejected, skipped, bad_tables, ops = Counter(), [], [], Counter()
     start = time.perf_counter()
     for row in rows:
+        try:
+            parse_table(row["table"])
+        except ValueError as exc:
+            log.warning("animate: skipping %s, its table is malformed (%s)", row["id"], exc)
+            bad_tables.append(row["id"])
+            continue
         image = row.get("image_path")
         if image:
             problem = readable_image(image)
@@ -116,7 +123,7 @@ def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
         if len(previews) < cfg.contact_sheet:
             previews.append((f"{sid}: {sample.plan.edit.instruction}", sample.clips.source, sample.clips.target))
     seconds = time.perf_counter() - start
-    tried = len(rows) - len(skipped)
+    tried = len(rows) - len(skipped) - len(bad_tables)
     metrics = {
         "backend": backend.name,
         "rows": len(rows),
@@ -124,6 +131,7 @@ def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
         "rejected": rejected["any"],
         "rejected_by": {name: rejected[name] for name in FILTERS},
         "skipped_images": len(skipped),
+        "skipped_tables": len(bad_tables),
         "edit_ops": dict(sorted(ops.items())),
         "questions": len(questions),
         "questions_by_task": dict(sorted(Counter(q["task_type"] for q in questions).items())),
@@ -133,7 +141,7 @@ def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
         "frames_per_second": round(2 * tried * cfg.frames / max(seconds, 1e-9), 1),
     }
     return {"manifest": manifest, "questions": questions, "previews": previews, "metrics": metrics,
-            "skipped": skipped}
+            "skipped": skipped, "skipped_tables": bad_tables}
 
 
 def _flow(cfg: AnimateConfig) -> None:
@@ -151,17 +159,20 @@ def _flow(cfg: AnimateConfig) -> None:
             write_gif(out / "preview.gif", source, target, cfg.fps)
         counts = {k: v for k, v in metrics.items() if k not in ("seconds", "frames_per_second")}
         inputs = [train_file] + ([paths.charts_dir()] if paths.charts_dir().is_dir() else [])
-        write_manifest(out, "animate", cfg, inputs=inputs, counts=counts, skipped_images=result["skipped"])
+        write_manifest(out, "animate", cfg, inputs=inputs, counts=counts, skipped_images=result["skipped"],
+                       skipped_tables=result["skipped_tables"])
     with atomic_dir(paths.live_dir("animate")) as live:
         if result["previews"]:
             contact_sheet(live / "contact_sheet.png", result["previews"])
         bar_chart({"kept": metrics["samples"], **{f"rejected: {k}": v for k, v in metrics["rejected_by"].items()},
-                   "skipped images": metrics["skipped_images"]}, live / "filters.png",
+                   "skipped images": metrics["skipped_images"], "skipped tables": metrics["skipped_tables"]},
+                  live / "filters.png",
                   title=f"animate: {metrics['rows']} tables", xlabel="samples", xmax=None, fmt="{:.0f}")
     write_json(paths.metrics_file("animate"), metrics)
-    log.info("animate: %d samples kept of %d tables (rejected %s, %d unreadable images), %d questions, "
-             "%.1f s, %.0f frames/s", metrics["samples"], metrics["rows"], metrics["rejected_by"],
-             metrics["skipped_images"], metrics["questions"], metrics["seconds"], metrics["frames_per_second"])
+    log.info("animate: %d samples kept of %d tables (rejected %s, %d unreadable images, %d malformed tables), "
+             "%d questions, %.1f s, %.0f frames/s", metrics["samples"], metrics["rows"], metrics["rejected_by"],
+             metrics["skipped_images"], metrics["skipped_tables"], metrics["questions"], metrics["seconds"],
+             metrics["frames_per_second"])
 
 
 def main() -> None:

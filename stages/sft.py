@@ -41,9 +41,15 @@ def training_rows(source: str) -> tuple[list[dict], list[Path]]:
 
 
 def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, rows: list[dict], val_rows: list[dict],
-        work_dir: Path, live_dir: Path) -> dict:
-    """All phases in place on `model` (phase 1 on `rows`); returns the summary metrics (phase 1 flat, later nested)."""
-    metrics = {"source": cfg.source, **sft_train(cfg, model, tokenizer, rows, val_rows, work_dir, live_dir)}
+        work_dir: Path, live_dir: Path, phase1: tuple[SFTConfig, list[dict]] | None = None) -> dict:
+    """All phases in place on `model`; returns the summary metrics (phase 1 flat, later nested).
+
+    Phase 1 trains on `phase1` (`sft.mix`'s config and rows, from mix_rows) when given, else on (cfg, rows);
+    the curriculum's stage 2 and logit distillation always get `cfg` and `rows`, without temporal questions.
+    """
+    phase1_cfg, phase1_rows = phase1 or (cfg, rows)
+    metrics = {"source": cfg.source,
+               **sft_train(phase1_cfg, model, tokenizer, phase1_rows, val_rows, work_dir, live_dir)}
     if cfg.curriculum:
         hard = read_rows(HARD, required=("prompt", "rationale"))
         if hard:
@@ -71,12 +77,12 @@ def _flow(cfg: SFTConfig, distill: DistillConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     rows, files = training_rows(cfg.source)  # fail on a missing input before loading anything
-    train_cfg, rows, temporal = mix_rows(cfg, rows)
+    train_cfg, mixed, temporal = mix_rows(cfg, rows)  # mix 0: (cfg, rows, 0), phase 1 as before
     if cfg.mix > 0:
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"))
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
-        metrics = run(train_cfg, distill, model, tokenizer, rows, val_rows, out / ".trainer", live)
+        metrics = run(cfg, distill, model, tokenizer, rows, val_rows, out / ".trainer", live, (train_cfg, mixed))
         if cfg.mix > 0:
             metrics["temporal_rows"] = temporal
         stage_logger().info("sft: %s", metrics)

@@ -10,13 +10,17 @@ camera and the edit. The procedural backend draws every frame of both clips
 from the plan; the diffusers backend draws only the first frame of each (the
 source chart and the edited chart) and lets the model animate both from the
 same noise seed, so the two clips share their motion, which the filters then
-check.
+check. Its edit mask is the edited region of the first frame, reused for
+every generated frame: the model's motion may carry the region elsewhere,
+and the preservation filter then rejects the sample (more rejections, never
+a wrongly kept one).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,8 +104,11 @@ class DiffusersBackend:
         if "fps" in self.accepts:  # SVD's micro-conditioning
             kwargs["fps"] = cfg.fps
         frames = self.pipe(**{k: v for k, v in kwargs.items() if k in self.accepts}).frames[0]
+        if len(frames) != cfg.frames:
+            raise InputError(f"animate.frames={cfg.frames}: {type(self.pipe).__name__} made {len(frames)} frames "
+                             "(set animate.frames to a count the model generates; CogVideoX: 4k + 1)")
         size = (cfg.width, cfg.height)
-        return [np.asarray(f.convert("RGB").resize(size, Image.Resampling.BILINEAR)) for f in frames][: cfg.frames]
+        return [np.asarray(f.convert("RGB").resize(size, Image.Resampling.BILINEAR)) for f in frames]
 
     def clips(self, plan: Plan) -> Clips:
         src, tgt, mask = edited_frame(plan, plan.frame_values[0], self.cfg.mask_margin)
@@ -109,8 +116,9 @@ class DiffusersBackend:
         # The same seed for both: the same noise gives the two clips the same motion.
         source = self._animate(src, prompt, plan.seed)
         target = self._animate(tgt, prompt, plan.seed)
-        keep = np.asarray(mask) > 0
-        return Clips(source, target, [keep] * len(source))
+        # The first frame's edited region stands for every frame: the model's motion is not known here.
+        edit_mask = np.asarray(mask) > 0
+        return Clips(source, target, [edit_mask] * len(source))
 
 
 def check_backend(cfg) -> None:
@@ -120,10 +128,18 @@ def check_backend(cfg) -> None:
     if importlib.util.find_spec("diffusers") is None:
         raise InputError("animate.backend=diffusers needs the diffusers package: "
                          "pip install -e '.[video]' (or set animate.backend: procedural)")
-    path = Path(cfg.model_path or "")
-    if not cfg.model_path or not (path / "model_index.json").is_file():
+    index = Path(cfg.model_path or "") / "model_index.json"
+    if not cfg.model_path or not index.is_file():
         raise InputError(f"animate.model_path={cfg.model_path!r}: not a local diffusers pipeline folder "
                          "(it needs model_index.json; download e.g. stable-video-diffusion-img2vid-xt there)")
+    try:
+        pipeline_class = str(json.loads(index.read_text()).get("_class_name", ""))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise InputError(f"{index}: unreadable ({type(exc).__name__}: {exc})") from None
+    # CogVideoX decodes 4 frames per latent frame after the first: it makes ((n - 1) // 4) * 4 + 1 of n asked.
+    if pipeline_class.startswith("CogVideoX") and cfg.frames % 4 != 1:
+        raise InputError(f"animate.frames={cfg.frames}: {pipeline_class} makes 4k + 1 frames "
+                         f"(it would make {(cfg.frames - 1) // 4 * 4 + 1}); use e.g. 49")
     if cfg.device.startswith("cuda"):
         import torch
 

@@ -1,6 +1,6 @@
 """Edit operations: one instruction, applied the same way to every frame's scene.
 
-    edit = choose_edit(random.Random(0), table, weights={"highlight": 1.0}, vmax=layout.vmax)
+    edit = choose_edit(random.Random(0), table, {"highlight": 1.0}, layout.vmax, frames)   # frames: values per frame
     target_scene = edit.apply(source_scene)         # per frame, so the target keeps the source's motion
     edit.instruction                                 # "Highlight the Feb bar with a gold outline."
 
@@ -72,12 +72,31 @@ def _colour_of(table: dict, i: int, j: int) -> str:
     return table["colours"][i if table["colour_by"] == "category" else j]
 
 
-def choose_edit(rng: random.Random, table: dict, weights: dict[str, float], vmax: float) -> Edit:
-    """A random edit of `table` drawn by op weight; series-level where the chart colours by series."""
+def choose_edit(rng: random.Random, table: dict, weights: dict[str, float], vmax: float,
+                frames: list[np.ndarray]) -> Edit:
+    """A random edit of `table` drawn by op weight; series-level where the chart colours by series.
+
+    `frames` are the values[category][series] of every frame (the data dynamics): a value change must fit the
+    axis in all of them. An op that has no valid instance on the drawn mark (no unused colour left to recolour
+    with, no value step that fits) is dropped and the op drawn again from the rest; `highlight`, which always
+    applies, is the last resort.
+    """
     ops = [op for op in EDIT_OPS if weights.get(op, 0) > 0]
     op = rng.choices(ops, weights=[weights[o] for o in ops])[0]
     n_cat, n_ser = len(table["categories"]), len(table["series"])
     i, j = rng.randrange(n_cat), rng.randrange(n_ser)
+    while True:
+        edit = _edit(rng, op, table, i, j, vmax, frames)
+        if edit is not None:
+            return edit
+        ops.remove(op)
+        op = rng.choices(ops, weights=[weights[o] for o in ops])[0] if ops else "highlight"
+
+
+def _edit(rng: random.Random, op: str, table: dict, i: int, j: int, vmax: float,
+          frames: list[np.ndarray]) -> Edit | None:
+    """Edit `op` of mark (i, j), or None where the op has no valid instance there."""
+    n_cat, n_ser = len(table["categories"]), len(table["series"])
     by_series = table["colour_by"] == "series" and n_ser > 1
     column = tuple((k, j) for k in range(n_cat))
     if op == "highlight":
@@ -86,8 +105,10 @@ def choose_edit(rng: random.Random, table: dict, weights: dict[str, float], vmax
         text = rng.choice(NOTE_TEXTS)
         return Edit(op, ((i, j),), f'Add the label "{text}" above {mark_name(table, i, j)}.', text=text)
     if op == "recolour":
-        old = _colour_of(table, i, j)
-        new = rng.choice([c for c in COLOURS if c not in table["colours"]])
+        unused = [c for c in COLOURS if c not in table["colours"]]
+        if not unused:  # a chart that already shows every colour: a new one would repeat another mark's
+            return None
+        old, new = _colour_of(table, i, j), rng.choice(unused)
         if by_series or table["chart_type"] == "line":
             what = f"the {table['series'][j]} series" if n_ser > 1 else "the line"
             return Edit(op, column, f"Recolour {what} from {old} to {new}.", series=j, colour=new)
@@ -96,10 +117,23 @@ def choose_edit(rng: random.Random, table: dict, weights: dict[str, float], vmax
         if by_series:
             return Edit(op, column, f"Remove the {table['series'][j]} series.", series=j)
         return Edit(op, ((i, j),), f"Remove {mark_name(table, i, j)}.")
-    # change_value: a whole step of the y axis or more, up or down, inside the axis range
-    value = float(np.asarray(table["values"], dtype=float)[i, j])
-    step = max(1, round(vmax / 8))
-    delta = float(rng.choice([d for d in (-2 * step, -step, step, 2 * step) if 0 < value + d <= vmax] or [step]))
+    delta = _value_step(rng, table, i, j, vmax, frames)
+    if delta is None:
+        return None
     verb = "Increase" if delta > 0 else "Decrease"
     return Edit(op, ((i, j),), f"{verb} the value of {mark_name(table, i, j)} by {abs(delta):g} in every frame.",
                 delta=delta)
+
+
+def _value_step(rng: random.Random, table: dict, i: int, j: int, vmax: float,
+                frames: list[np.ndarray]) -> float | None:
+    """change_value's delta: one or two steps of the y axis (an eighth of it, rounded), up or down, such that
+    0 < value + delta in every frame and the mark's top stays on the axis (at most vmax; a stacked segment's
+    top is its category's total). None when no step fits every frame: the edited value would be clamped at
+    zero or drawn clipped at the axis top in some frame, and the instruction would not hold there."""
+    stacked = table["chart_type"] == "stacked_bar"
+    values = np.array([np.asarray(f, dtype=float)[i, j] for f in frames])
+    tops = np.array([np.asarray(f, dtype=float)[i].sum() for f in frames]) if stacked else values
+    step = max(1, round(vmax / 8))
+    fits = [d for d in (-2 * step, -step, step, 2 * step) if (values + d > 0).all() and (tops + d <= vmax).all()]
+    return float(rng.choice(fits)) if fits else None

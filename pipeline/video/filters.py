@@ -5,17 +5,20 @@
 
 - temporal consistency: the lowest SSIM between consecutive frames of either
   clip (a jump cut or a flicker drops it);
-- motion: the mean absolute grey-level change between consecutive frames
-  (0-255 scale), averaged over the source clip (a near-static clip is not a video);
+- motion: the mean absolute change of 2x2 block-averaged luma between
+  consecutive frames (0-255 scale), averaged over the source clip (a
+  near-static clip is not a video);
 - preservation: PSNR (dB) and SSIM between source and target frames over the
   pixels outside the edit mask, averaged over frames (an edit that leaks into
   the rest of the chart drops it).
 
 SSIM is the Wang et al. (2004) index on luminance with a 7x7 uniform window and
 the sample covariance (scikit-image's `structural_similarity` defaults), over
-the window positions that fit inside the frame; `score` computes it (and the
-motion) on 2x2 block-averaged luma, where a window spans 14x14 pixels, and
-PSNR on the full-resolution RGB pixels.
+the window positions that fit inside the frame. The filters compute SSIM and
+motion on 2x2 block-averaged luma (`SCALE`), where an SSIM window spans 14x14
+pixels and a change finer than a 2x2 block (a one-pixel checkerboard turning
+over) averages out, and PSNR on the full-resolution RGB pixels. `temporal_ssim`
+and `motion` compute what `score` reports; `ssim` is the full-resolution index.
 """
 
 from __future__ import annotations
@@ -103,27 +106,31 @@ def _temporal(stats: list[_Stats]) -> float:
     return min((float(_ssim_map(a, b).mean()) for a, b in zip(stats, stats[1:])), default=1.0)
 
 
-def temporal_ssim(frames: list[np.ndarray]) -> float:
-    """The lowest SSIM between consecutive frames."""
-    return _temporal([_Stats(f) for f in frames])
-
-
-def motion(frames: list[np.ndarray]) -> float:
-    """Mean absolute grey-level change between consecutive frames, averaged over the clip."""
-    greys = [grey(f) for f in frames]
+def _motion(greys: list[np.ndarray]) -> float:
     return float(np.mean([np.abs(a - b).mean() for a, b in zip(greys, greys[1:])])) if len(greys) > 1 else 0.0
+
+
+def temporal_ssim(frames: list[np.ndarray], scale: int = SCALE) -> float:
+    """The lowest SSIM between consecutive frames (on `scale` x `scale` block-averaged luma, as `score`)."""
+    return _temporal([_Stats(f, scale) for f in frames])
+
+
+def motion(frames: list[np.ndarray], scale: int = SCALE) -> float:
+    """Mean absolute luma change between consecutive frames (on `scale` x `scale` blocks, as `score`),
+    averaged over the clip; 0-255."""
+    return _motion([_pool(grey(f), scale) for f in frames])
 
 
 def score(source: list[np.ndarray], target: list[np.ndarray], masks: list[np.ndarray]) -> dict[str, float]:
     """Every filter's measure for one sample; `masks` are True inside the edited region."""
     keeps = [~m for m in masks]
     src, tgt = [_Stats(f, SCALE) for f in source], [_Stats(f, SCALE) for f in target]
-    greys = [s.g for s in src]
+    preserved_ssim = [_masked_mean(_ssim_map(s, t), k, SCALE) for s, t, k in zip(src, tgt, keeps)]
     return {
         "temporal_ssim": round(min(_temporal(src), _temporal(tgt)), 4),
-        "motion": round(float(np.mean([np.abs(a - b).mean() for a, b in zip(greys, greys[1:])])), 3),
+        "motion": round(_motion([s.g for s in src]), 3),
         "preserved_psnr": round(float(np.mean([psnr(s, t, k) for s, t, k in zip(source, target, keeps)])), 2),
-        "preserved_ssim": round(float(np.mean([_masked_mean(_ssim_map(s, t), k, SCALE) for s, t, k in zip(src, tgt, keeps)])), 4),
+        "preserved_ssim": round(float(np.mean(preserved_ssim)), 4),
         "edited_area": round(float(np.mean([m.mean() for m in masks])), 4),
     }
 

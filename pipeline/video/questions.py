@@ -23,8 +23,8 @@ import json
 import random
 
 from pipeline import paths
-
-from pipeline.cof.tables import MARK_NOUNS, fmt_num
+from pipeline.cof.tables import MARK_NOUNS, Obj, fmt_num, fmt_obj, fmt_objs, spans_series
+from pipeline.cof.verbalize import _operand
 from pipeline.io import read_rows
 from pipeline.video.edits import mark_name
 
@@ -35,9 +35,11 @@ def _marks(table: dict) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(table["categories"])) for j in range(len(table["series"]))]
 
 
-def _label(table: dict, i: int, j: int) -> str:
-    cat = table["categories"][i]
-    return f"{cat} ({table['series'][j]})" if len(table["series"]) > 1 else cat
+def _obj(table: dict, values, i: int, j: int) -> Obj:
+    """Mark (i, j) at one frame as a Chain-of-Functions object, for its "Jan (2024) 11.5" text. The value is
+    already text: fmt_obj prints it as given, and a frame's float (13.0) must read as fmt_num writes it (13)."""
+    colour = table["colours"][i if table["colour_by"] == "category" else j]
+    return Obj(table["categories"][i], table["series"][j], fmt_num(values[i][j]), colour, i)
 
 
 def format_video_prompt(table: dict, frame_values: list, frame_numbers: list[int], n_frames: int, question: str) -> str:
@@ -69,10 +71,6 @@ def _change(rng, table, fv, frames) -> tuple | None:
         ("A_minus_B", f"{fmt_num(vb)} - {_operand(va)} = {fmt_num(d)}.", fmt_num(d)),
     ]
     return question, steps, "number", "temporal_change"
-
-
-def _operand(x: float) -> str:
-    return f"({fmt_num(x)})" if x < 0 else fmt_num(x)
 
 
 def _first_exceeding(rng, table, fv, frames) -> tuple | None:
@@ -126,11 +124,12 @@ def _largest_change(rng, table, fv, frames) -> tuple | None:
         return None  # a tie has no single answer
     (i, j), noun = winners[0], MARK_NOUNS[table["chart_type"]]
     first_v, last_v = fv[0][i][j], last[i][j]
-    listing = ", ".join(f"{_label(table, a, b)} {fmt_num(last[a][b])}" for a, b in marks)
+    objs = [_obj(table, last, a, b) for a, b in marks]
+    listing = fmt_objs(objs)
     d = round(last_v - first_v, 2)
     question = (f"By how much does the {noun[0]} that is largest in frame {frames[-1]} change "
                 f"from frame {frames[0]} to frame {frames[-1]}?")
-    winner = f"{_label(table, i, j)} {fmt_num(last_v)}"
+    winner = fmt_obj(_obj(table, last, i, j), spans_series(objs))
     steps = [
         ("frame_objects", f"Select all {noun[1]} in frame {frames[-1]}: {listing}.", listing),
         ("max_one_object", f"The largest of them is {winner}.", winner),

@@ -9,7 +9,10 @@ that the source and target clips share one y scale) and a `Scene` (the values
 and the style of each mark at one frame). `draw` returns the pixels and each
 mark's box with a style signature: a mark whose box or signature differs
 between two scenes is an edited mark (`changed_region`), which is how an edit
-gets its mask without looking at pixels. The camera is one affine warp per
+gets its mask without looking at pixels. A data mark also has an anchor, the
+point a note about it sits above (the top of a bar, a line's point, a slice's
+label), which its mask box is not: a point's box spans its segments to its
+neighbours, and every slice's box is the whole disc. The camera is one affine warp per
 frame (zoom, pan, rotation about the centre) with smoothstep easing.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageColor, ImageDraw, ImageFont
@@ -114,6 +118,14 @@ class Layout:
 Box = tuple[int, int, int, int]
 
 
+class Mark(NamedTuple):
+    """One drawn mark: where it is and what it looks like; a change of either is an edit."""
+
+    box: Box  # every pixel the mark's drawing can touch (the edit mask is made of these)
+    style: tuple  # colour, outline, angles...: what changes without moving the box
+    anchor: tuple[float, float] | None = None  # data marks: the point a note about the mark sits above
+
+
 def _union(a: Box | None, b: Box) -> Box:
     return b if a is None else (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
 
@@ -156,7 +168,8 @@ def _bars(draw, layout: Layout, scene: Scene) -> dict:
             if (i, j) in scene.outlined:
                 box = (box[0] - 3, box[1] - 3, box[2] + 3, box[3] + 1)
                 draw.rectangle(box, outline=HIGHLIGHT, width=3)
-            marks[(i, j)] = (box, (scene.colours[i][j], (i, j) in scene.outlined))
+            top = (left + bar_w / 2, box[1])  # the bar's top edge (its outline's, when outlined)
+            marks[(i, j)] = Mark(box, (scene.colours[i][j], (i, j) in scene.outlined), top)
             base += v if stacked else 0.0
     return marks
 
@@ -180,7 +193,7 @@ def _lines(draw, layout: Layout, scene: Scene) -> dict:
             near = [p for _, p in visible[max(k - 1, 0) : k + 2]]
             xs, ys = [p[0] for p in near], [p[1] for p in near]
             box = (int(min(xs)) - ring, int(min(ys)) - ring, int(max(xs)) + ring + 1, int(max(ys)) + ring + 1)
-            marks[(i, j)] = (box, (scene.colours[i][j], colour, (i, j) in scene.outlined))
+            marks[(i, j)] = Mark(box, (scene.colours[i][j], colour, (i, j) in scene.outlined), (x, y - ring))
         for i in range(n_cat):
             marks.setdefault((i, j), None)
     return marks
@@ -207,8 +220,11 @@ def _pie(draw, layout: Layout, scene: Scene) -> dict:
         name = layout.table["categories"][i]
         draw.text(label, name, fill=INK, font=font(), anchor="mm")
         # A slice's mark is the whole disc and its label: any change of one slice turns all the others.
-        box = _union(_text_box(draw, label, name, "mm"), (disc[0] - 3, disc[1] - 3, disc[2] + 3, disc[3] + 3))
-        marks[(i, 0)] = (box, (scene.colours[i][0], outlined, round(start, 2), round(end, 2)))
+        text = _text_box(draw, label, name, "mm")
+        box = _union(text, (disc[0] - 3, disc[1] - 3, disc[2] + 3, disc[3] + 3))
+        # The note goes above the slice's label, which sits outside the rim at the slice's angular midpoint.
+        style = (scene.colours[i][0], outlined, round(start, 2), round(end, 2))
+        marks[(i, 0)] = Mark(box, style, (label[0], text[1]))
         start = end
     return marks
 
@@ -227,30 +243,31 @@ def _legend(draw, layout: Layout, scene: Scene) -> dict:
         draw.rectangle((x, yj + 1, x + 7, yj + 8), fill=scene.series_colours[j])
         draw.text((x + 10, yj), name, fill=INK, font=font(), anchor="lt")
         box = _union(_text_box(draw, (x + 10, yj), name, "lt"), (x, yj, x + 8, yj + 9))
-        marks[("legend", j)] = (box, scene.series_colours[j])
+        marks[("legend", j)] = Mark(box, (scene.series_colours[j],))
     return marks
 
 
 def _notes(draw, layout: Layout, scene: Scene, marks: dict) -> dict:
+    """Each note a labelled box centred over its mark's anchor, 3 px above it (moved inside the frame)."""
     out = {}
     for k, (i, j, text) in enumerate(scene.notes):
         mark = marks.get((i, j))
         if mark is None:
             continue
-        (x0, y0, x1, _), _ = mark
+        x, y = mark.anchor
         tx0, ty0, tx1, ty1 = draw.textbbox((0, 0), text, font=font(), anchor="lt")
         w, h = tx1 - tx0 + 6, ty1 - ty0 + 4
-        left = int(min(max((x0 + x1) / 2 - w / 2, 1), layout.width - w - 1))
-        top = int(min(max(y0 - h - 3, 1), layout.height - h - 1))
+        left = int(min(max(x - w / 2, 1), layout.width - w - 1))
+        top = int(min(max(y - h - 3, 1), layout.height - h - 1))
         box = (left, top, left + w, top + h)
         draw.rectangle(box, fill=BACKGROUND, outline=INK, width=1)
         draw.text((left + 3 - tx0, top + 2 - ty0), text, fill=INK, font=font(), anchor="lt")
-        out[("note", k)] = ((box[0], box[1], box[2] + 1, box[3] + 1), text)
+        out[("note", k)] = Mark((box[0], box[1], box[2] + 1, box[3] + 1), (text,))
     return out
 
 
 def draw(layout: Layout, scene: Scene) -> tuple[np.ndarray, dict]:
-    """(H x W x 3 uint8 pixels, {mark key: (box, style signature) or None when not drawn})."""
+    """(H x W x 3 uint8 pixels, {mark key: Mark (box, style, anchor) or None when not drawn})."""
     image = Image.new("RGB", (layout.width, layout.height), BACKGROUND)
     pen = ImageDraw.Draw(image)
     pen.text((6, 4), f"{layout.table['title']} ({layout.table['unit']})", fill=INK, font=font(), anchor="lt")
@@ -270,7 +287,7 @@ def changed_region(a: dict, b: dict) -> list[Box]:
     for key in a.keys() | b.keys():
         ma, mb = a.get(key), b.get(key)
         if ma != mb:
-            boxes.extend(m[0] for m in (ma, mb) if m is not None)
+            boxes.extend(m.box for m in (ma, mb) if m is not None)
     return sorted(boxes)
 
 

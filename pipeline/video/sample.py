@@ -1,7 +1,7 @@
 """One video sample from one synthesized table: plan, clips, filter scores, temporal questions.
 
     plan = make_plan(table, cfg, seed)             # data dynamics, camera, edit; seeded by (cfg.seed, row id)
-    sample = make_sample(row, cfg, backend)         # .clips .scores .reasons .questions
+    sample = make_sample(row, cfg, backend)         # .clips .scores .reasons .questions; ValueError: a bad table
 
 Data dynamics: the table moves from its own values (state A) to a second state
 B, each value shifted by up to `value_drift` times the table's largest value
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.cof.tables import MARK_NOUNS
 from pipeline.video.backends import Clips, Plan
 from pipeline.video.edits import choose_edit
 from pipeline.video.filters import failures, score
@@ -53,9 +54,10 @@ def make_plan(table: dict, cfg, seed: int) -> Plan:
     stacked = table["chart_type"] == "stacked_bar"
     top = max((a.sum(1) if stacked else a).max(), (b.sum(1) if stacked else b).max())
     layout = Layout(table, cfg.width, cfg.height, vmax=nice_max(float(top) * 1.1))
-    edit = choose_edit(rng, table, cfg.edit_ops, layout.vmax)
+    frames = frame_values(a, b, cfg.frames)
+    edit = choose_edit(rng, table, cfg.edit_ops, layout.vmax, frames)  # a value change must fit every frame
     camera = choose_camera(rng, cfg)
-    return Plan(table, layout, frame_values(a, b, cfg.frames), camera, edit, seed)
+    return Plan(table, layout, frames, camera, edit, seed)
 
 
 def listed_frames(frames: int, k: int) -> list[int]:
@@ -78,8 +80,37 @@ def sample_seed(seed: int, row_id: str) -> int:
     return random.Random(f"{seed}:{row_id}").getrandbits(32)
 
 
+TABLE_KEYS = ("chart_type", "title", "unit", "categories", "series", "values", "colours", "colour_by")
+
+
+def parse_table(text) -> dict:
+    """A row's `table` JSON as a dict; ValueError saying what is wrong when it is not a chart table."""
+    try:
+        table = json.loads(text)
+    except (TypeError, ValueError) as exc:  # not a string, or not JSON
+        raise ValueError(f"table is not JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"table is a JSON {type(table).__name__}, not an object")
+    missing = [k for k in TABLE_KEYS if k not in table]
+    if missing:
+        raise ValueError(f"table lacks {', '.join(missing)}")
+    if table["chart_type"] not in MARK_NOUNS:
+        raise ValueError(f"table chart_type {table['chart_type']!r} is not one of {', '.join(MARK_NOUNS)}")
+    if not all(isinstance(table[k], list) for k in ("categories", "series", "colours")):
+        raise ValueError("table categories, series and colours must be lists")
+    try:
+        values = np.asarray(table["values"], dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"table values are not numbers ({exc})") from None
+    if values.shape != (len(table["categories"]), len(table["series"])) or values.size == 0:
+        raise ValueError(f"table values have shape {values.shape}, not (categories, series)")
+    if len(table["colours"]) < values.shape[0 if table["colour_by"] == "category" else 1]:
+        raise ValueError(f"table has {len(table['colours'])} colours, fewer than its marks' {table['colour_by']}s")
+    return table
+
+
 def make_sample(row: dict, cfg, backend) -> Sample:
-    table = json.loads(row["table"])
+    table = parse_table(row["table"])
     seed = sample_seed(cfg.seed, row["id"])
     plan = make_plan(table, cfg, seed)
     clips = backend.clips(plan)

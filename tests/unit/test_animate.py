@@ -79,7 +79,7 @@ def test_bar_height_follows_value():
 @pytest.mark.parametrize("t", tables(), ids=lambda t: f"{t['chart_type']}-{len(t['series'])}")
 def test_edit_changes_only_its_region(op, t):
     layout = Layout(t, 160, 120)
-    edit = choose_edit(random.Random(1), t, {op: 1.0}, layout.vmax)
+    edit = choose_edit(random.Random(1), t, {op: 1.0}, layout.vmax, [np.asarray(t["values"], float)])
     scene = Scene.of(t, t["values"])
     src, src_marks = draw(layout, scene)
     tgt, tgt_marks = draw(layout, edit.apply(scene))
@@ -93,12 +93,90 @@ def test_edit_changes_only_its_region(op, t):
 
 
 def test_instructions_name_the_mark():
-    t = table("bar")
-    layout = Layout(t, 160, 120)
-    seen = {choose_edit(random.Random(s), t, {op: 1.0}, layout.vmax).instruction
-            for s in range(3) for op in EDIT_OPS}
-    assert any("Remove the" in s for s in seen) and any("Recolour the" in s for s in seen)
-    assert all(any(c in s for c in ("Jan", "Feb", "Mar")) for s in seen)
+    """The instruction names the mark (or series) the edit acts on, and no other."""
+    cats = ("Jan", "Feb", "Mar")
+    for t in (table("bar"), table("grouped_bar", 2)):
+        layout = Layout(t, 160, 120)
+        frames = [np.asarray(t["values"], float)]
+        for seed in range(8):
+            for op in EDIT_OPS:
+                edit = choose_edit(random.Random(seed), t, {op: 1.0}, layout.vmax, frames)
+                text = edit.instruction
+                if edit.series is not None:  # grouped bars colour by series: a whole-series edit
+                    assert len(edit.marks) == 3 and {j for _, j in edit.marks} == {edit.series}
+                    assert f"the {t['series'][edit.series]} series" in text
+                    assert t["series"][1 - edit.series] not in text and not any(c in text for c in cats)
+                    continue
+                (i, j), = edit.marks
+                named = f"the {cats[i]} bar" if len(t["series"]) == 1 else f"the {t['series'][j]} bar of {cats[i]}"
+                assert named in text, (op, text)
+                assert not any(c in text for c in cats if c != cats[i])
+                if len(t["series"]) > 1:
+                    assert t["series"][1 - j] not in text
+
+
+def _note_box(t: dict, i: int) -> tuple:
+    from pipeline.video.edits import Edit
+
+    layout = Layout(t, 320, 240)
+    scene = Edit("annotate", ((i, 0),), "", text="Peak").apply(Scene.of(t, t["values"]))
+    _, marks = draw(layout, scene)
+    return layout, marks[("note", 0)][0]
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_note_sits_above_its_bar_and_line_point(i):
+    for chart in ("bar", "line"):
+        t = table(chart)
+        layout, (x0, y0, x1, y1) = _note_box(t, i)
+        slot = (320 - 8 - 30) / 3  # plot left 30, right 320 - 8: three category slots
+        x = 30 + (i + 0.5) * slot  # the bar's and the point's centre
+        top = 222 - 200 * t["values"][i][0] / layout.vmax  # plot from y 22 down to 240 - 18
+        assert abs((x0 + x1) / 2 - x) <= 2, chart
+        assert 0 <= top - y1 <= 10, (chart, top, y1)  # just above the bar top / the point
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_note_sits_at_its_pie_slice(i):
+    t = table("pie")  # Jan 12, Feb 9, Mar 17 of 38, clockwise from 12 o'clock
+    _, (x0, y0, x1, y1) = _note_box(t, i)
+    cx, cy = (30 + 312) / 2, (22 + 222) / 2  # the plot box's centre
+    values = [12, 9, 17]
+    mid = -90 + 360 * (sum(values[:i]) + values[i] / 2) / sum(values)  # degrees clockwise from 3 o'clock
+    angle = math.degrees(math.atan2((y0 + y1) / 2 - cy, (x0 + x1) / 2 - cx))
+    assert abs((angle - mid + 180) % 360 - 180) < 30, (angle, mid)
+    assert math.hypot((x0 + x1) / 2 - cx, (y0 + y1) / 2 - cy) > 60  # out by the rim (radius 88), not on the centre
+
+
+def test_change_value_fits_the_axis_in_every_frame():
+    t = table("bar")  # Jan 12, Feb 9, Mar 17
+    vmax = 20.0  # one step = round(20 / 8) = 2
+    falls = [np.array([[12.0 - 5 * k], [9.0], [17.0]]) for k in range(3)]  # Jan 12 -> 2: no decrease fits frame 3
+    rises = [np.array([[12.0 + 3.5 * k], [9.0], [17.0]]) for k in range(3)]  # Jan 12 -> 19: no increase fits
+    stuck = [np.array([[1.0 + 18.5 * k / 2], [9.0], [17.0]]) for k in range(3)]  # 1 -> 19.5: no step fits
+    seen = {}
+    for seed in range(40):
+        for name, frames in (("falls", falls), ("rises", rises), ("stuck", stuck)):
+            edit = choose_edit(random.Random(seed), t, {"change_value": 1.0, "highlight": 1.0}, vmax, frames)
+            if edit.op == "change_value" and edit.marks == ((0, 0),):
+                seen.setdefault(name, set()).add(edit.delta)
+                for f in frames:
+                    assert 0 < f[0, 0] + edit.delta <= vmax
+    assert seen["falls"] == {2.0, 4.0} and seen["rises"] == {-2.0, -4.0} and "stuck" not in seen
+    # nothing fits and no other op is weighted: the last resort, which always applies
+    all_stuck = [np.full((3, 1), 1.0 + 18.5 * k / 2) for k in range(3)]  # every bar 1 -> 19.5
+    assert choose_edit(random.Random(0), t, {"change_value": 1.0}, vmax, all_stuck).op == "highlight"
+
+
+def test_recolour_with_every_colour_in_use_falls_back_to_another_op():
+    from pipeline.cof.tables import COLOURS
+
+    t = {**table("pie"), "categories": [f"C{k}" for k in range(len(COLOURS))],
+         "values": [[k + 1] for k in range(len(COLOURS))], "colours": list(COLOURS)}
+    frames = [np.asarray(t["values"], float)]
+    for seed in range(5):
+        edit = choose_edit(random.Random(seed), t, {"recolour": 1.0, "remove": 1.0}, 40.0, frames)
+        assert edit.op == "remove"
 
 
 # --- filters on hand-made frames --------------------------------------------------------------------------
@@ -146,10 +224,56 @@ def test_temporal_and_motion_filters():
     assert filters.failures(filters.score(ramp, ramp, masks), cfg.model_copy(update={"min_motion": 1.0})) == []
 
 
+def test_motion_and_temporal_ssim_are_what_score_reports():
+    rng = np.random.default_rng(1)
+    clip = [rng.integers(0, 256, (30, 34, 3)).astype(np.uint8) for _ in range(3)]
+    scores = filters.score(clip, clip, [np.zeros((30, 34), bool)] * 3)
+    assert scores["motion"] == round(filters.motion(clip), 3)
+    assert scores["temporal_ssim"] == round(filters.temporal_ssim(clip), 4)
+    # measured on 2x2 block means: a one-pixel checkerboard turning over is no motion there
+    board = (np.indices((32, 32)).sum(0) % 2 * 200).astype(np.uint8)
+    flips = [board, 200 - board, board]
+    assert filters.motion(flips, scale=1) == pytest.approx(200.0) and filters.motion(flips) == 0
+    assert filters.score(flips, flips, [np.zeros((32, 32), bool)] * 3)["motion"] == 0
+
+
 # --- temporal questions -----------------------------------------------------------------------------------
 
 FRAMES = [1, 4, 8]
 VALUES = [[[10.0], [12.0], [5.0]], [[11.5], [11.0], [6.0]], [[13.0], [9.5], [4.0]]]  # [frame][category][series]
+
+
+NOUNS = {"bar": "bar", "grouped_bar": "bar", "stacked_bar": "segment", "line": "point", "pie": "slice"}
+
+
+def expected_answer(row: dict) -> str:
+    """The answer to a temporal question worked out from its question text and the frame values in its table
+    (not from its rationale): what a grader should accept."""
+    t = json.loads(row["table"])
+    frames, fv, q = t["frames"], t["frame_values"], row["question"]
+    noun = NOUNS[t["chart_type"]]
+    names = {(f"the {c} {noun}" if len(t["series"]) == 1 else f"the {s} {noun} of {c}"): (i, j)
+             for i, c in enumerate(t["categories"]) for j, s in enumerate(t["series"])}
+
+    def mark(text: str) -> tuple[int, int]:
+        return names[max((n for n in names if text.startswith(n)), key=len)]
+
+    def value(k: int, ij: tuple[int, int]) -> float:
+        return fv[k][ij[0]][ij[1]]
+
+    if q.startswith("By how much does the value of "):
+        rest = q.removeprefix("By how much does the value of ")
+        a, b = (frames.index(int(x)) for x in rest.rstrip("?").split(" from frame ")[1].split(" to frame "))
+        return str(round(value(b, mark(rest)) - value(a, mark(rest)), 2))
+    if q.startswith("In which listed frame is "):
+        first, second = q.removeprefix("In which listed frame is ").rstrip("?").split(" first above ")
+        return str(next(f for k, f in enumerate(frames) if value(k, mark(first)) > value(k, mark(second))))
+    if q.startswith("Does "):
+        ij = mark(q.removeprefix("Does "))
+        return "Yes" if all(value(k + 1, ij) > value(k, ij) for k in range(len(frames) - 1)) else "No"
+    assert q.startswith(f"By how much does the {noun} that is largest in frame {frames[-1]} change"), q
+    top = max(names.values(), key=lambda ij: value(-1, ij))
+    return str(round(value(-1, top) - value(0, top), 2))
 
 
 def test_temporal_chains_by_hand_and_graded():
@@ -157,7 +281,8 @@ def test_temporal_chains_by_hand_and_graded():
     rows = temporal_questions(random.Random(0), t, VALUES, FRAMES, n=4, n_frames=8)
     by_task = {}
     for row in rows:
-        assert grade(extract_answer(row["rationale"]), row["answer"], row["answer_type"])
+        assert grade(extract_answer(row["rationale"]), expected_answer(row), row["answer_type"]), row["question"]
+        assert not grade("Maybe" if row["answer_type"] == "binary" else "-99", expected_answer(row), row["answer_type"])
         assert extract_steps(row["rationale"]) == [s["value"] for s in row["steps"]]
         assert row["prompt"].startswith("Video: bar chart, 8 frames.") and "Frame 4: Jan 11.5; Feb 11; Mar 6" in row["prompt"]
         by_task.setdefault(row["functions"][-1], row)
@@ -168,6 +293,13 @@ def test_temporal_chains_by_hand_and_graded():
     # the largest in frame 8 is Jan (13), which started at 10: a change of 3
     largest = next(r for r in rows if r["functions"][0] == "frame_objects")
     assert largest["answer"] == "3" and "The largest of them is Jan 13." in largest["rationale"]
+    # the change chain by hand, from VALUES: e.g. Feb 12 -> 9.5 from frame 1 to frame 8 is -2.5
+    change = next(r for r in rows if r["functions"][0] == "frame_value")
+    words = change["question"].rstrip("?").split()  # By how much does the value of the Feb bar change from frame 1 ...
+    by_hand = {("Jan", 1, 4): "1.5", ("Jan", 1, 8): "3", ("Jan", 4, 8): "1.5", ("Feb", 1, 4): "-1",
+               ("Feb", 1, 8): "-2.5", ("Feb", 4, 8): "-1.5", ("Mar", 1, 4): "1", ("Mar", 1, 8): "-1",
+               ("Mar", 4, 8): "-2"}
+    assert change["answer"] == by_hand[(words[8], int(words[-4]), int(words[-1]))]
     rises = by_task["rises_throughout"]
     assert rises["answer"] == {"Jan": "Yes", "Feb": "No", "Mar": "No"}[rises["question"].split()[2]]
     assert not grade("No" if rises["answer"] == "Yes" else "Yes", rises["answer"], "binary")
@@ -253,6 +385,22 @@ def test_corrupted_source_image_is_skipped_and_counted(tmp_path, monkeypatch):
     assert len(list((out / "clips").glob("*.mp4"))) == 4
 
 
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"chart_type": "bar"}), None,
+                                  json.dumps({**table("bar"), "values": [[1], [2]]})])
+def test_malformed_table_is_skipped_and_counted(tmp_path, monkeypatch, text):
+    from stages.animate import run
+
+    monkeypatch.chdir(tmp_path)
+    rows = [_row(0), {**_row(1), "table": text}, _row(2)]
+    out = tmp_path / "out"
+    out.mkdir()
+    keep_all = {"min_motion": 0.0, "min_temporal_ssim": -1.0, "max_edited_area": 1.0}
+    result = run(SMALL.model_copy(update=keep_all), rows, out, ProceduralBackend(SMALL))
+    assert result["skipped_tables"] == ["train-000001"] and result["metrics"]["skipped_tables"] == 1
+    assert result["metrics"]["skipped_images"] == 0 and result["metrics"]["rows"] == 3
+    assert [m["source_id"] for m in result["manifest"]] == ["train-000000", "train-000002"]
+
+
 # --- config and the diffusers backend's checks ------------------------------------------------------------
 
 def test_config_rejects_bad_shapes_and_a_diffusers_run_without_a_model():
@@ -276,3 +424,47 @@ def test_diffusers_backend_fails_before_work(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="svd"):
         check_backend(cfg)  # the folder has no model_index.json
     check_backend(AnimateConfig())  # procedural: nothing to check
+
+
+def test_cogvideox_needs_4k_plus_1_frames_before_work(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "CogVideoXImageToVideoPipeline"}))
+    cfg = AnimateConfig(backend="diffusers", model_path=str(tmp_path), device="cpu", frames=16)
+    with pytest.raises(InputError, match=r"frames=16: CogVideoXImageToVideoPipeline makes 4k \+ 1 .*make 13"):
+        check_backend(cfg)
+    check_backend(cfg.model_copy(update={"frames": 49}))
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableVideoDiffusionPipeline"}))
+    check_backend(cfg)  # SVD makes the frames it is asked for
+    (tmp_path / "model_index.json").write_text("{broken")
+    with pytest.raises(InputError, match="model_index.json"):
+        check_backend(cfg)
+
+
+def test_diffusers_backend_checks_the_frame_count_it_gets():
+    """The model's output is checked, not trimmed: a pipeline that makes fewer frames than asked stops the run."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from pipeline.video.backends import DiffusersBackend
+
+    class Pipe:  # a stand-in for a diffusers pipeline that makes `made` frames whatever it is asked
+        def __init__(self, made: int) -> None:
+            self.made = made
+
+        def __call__(self, image, num_frames, height, width, num_inference_steps, generator):
+            return SimpleNamespace(frames=[[image] * self.made])
+
+    backend = DiffusersBackend.__new__(DiffusersBackend)  # no torch, no weights: only _animate's checks
+    backend.cfg = AnimateConfig(frames=16, width=96, height=72)
+    backend.torch = SimpleNamespace(Generator=lambda device: SimpleNamespace(manual_seed=lambda seed: seed))
+    backend.pipe = Pipe(13)
+    backend.accepts = {"image", "num_frames", "height", "width", "num_inference_steps", "generator"}
+    image = Image.new("RGB", (96, 72), "white")
+    with pytest.raises(InputError, match="frames=16: Pipe made 13 frames"):
+        backend._animate(image, "a chart", seed=0)
+    backend.pipe = Pipe(16)
+    frames = backend._animate(image, "a chart", seed=0)
+    assert len(frames) == 16 and frames[0].shape == (72, 96, 3)

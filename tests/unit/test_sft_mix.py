@@ -34,3 +34,50 @@ def test_mix_adds_a_seeded_share_on_top_of_the_truncated_rows(tmp_path, monkeypa
     assert mix_rows(SFTConfig(mix=0.5, max_train_samples=6), rows)[1] == mixed  # seeded
     cfg, mixed, added = mix_rows(SFTConfig(mix=2.0), rows)
     assert added == 4 and len(mixed) == 14 and cfg.max_train_samples is None  # at most all of them
+
+
+def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
+    """The raised max_train_samples and the temporal rows go to phase 1; curriculum stage 2 and logit
+    distillation get the stage's own config and rows. At mix 0 every phase gets what it got before sft.mix."""
+    from types import SimpleNamespace
+
+    import pipeline.teacher
+    from pipeline.config import DistillConfig
+    from pipeline.video.questions import mix_rows
+    from stages import sft
+
+    monkeypatch.chdir(tmp_path)
+    _questions(tmp_path, 4)
+    calls = []
+
+    def fake_sft_train(cfg, model, tokenizer, rows, val_rows, work_dir, live_dir, **overrides):
+        calls.append(("sft", cfg.max_train_samples, [r["prompt"] for r in rows]))
+        return {"examples": len(rows)}
+
+    def fake_logit_distill(cfg, model, teacher, tokenizer, rows, work_dir, live_dir, *, seed, batch_size):
+        calls.append(("logits", None, [r["prompt"] for r in rows]))
+        return {}
+
+    tok = SimpleNamespace(get_vocab=dict)
+    monkeypatch.setattr(sft, "sft_train", fake_sft_train)
+    monkeypatch.setattr(sft, "logit_distill", fake_logit_distill)
+    monkeypatch.setattr(sft, "read_rows", lambda path, required=(): [{"prompt": "hard", "rationale": "Answer: 1"}])
+    monkeypatch.setattr(pipeline.teacher, "load_local", lambda path: (None, tok))
+    rows = [{"prompt": f"p{k}", "rationale": "Answer: 1"} for k in range(10)]
+    distill = DistillConfig(method="logits")
+
+    def phases(cfg: SFTConfig, mixed: bool) -> list:
+        calls.clear()
+        phase1 = mix_rows(cfg, rows)[:2] if mixed else None
+        sft.run(cfg, distill, None, tok, rows, [], tmp_path / "work", tmp_path / "live", phase1)
+        return list(calls)
+
+    cfg = SFTConfig(mix=0.5, max_train_samples=6, curriculum=True)
+    first, stage2, logits = phases(cfg, mixed=True)
+    assert first[:2] == ("sft", 9) and len(first[2]) == 9 and first[2][:6] == [f"p{k}" for k in range(6)]
+    assert all(p.startswith("Video") for p in first[2][6:])
+    assert stage2 == ("sft", 6, ["hard"])  # the stage's own max_train_samples, no temporal rows
+    assert logits == ("logits", None, [f"p{k}" for k in range(10)])
+    plain = cfg.model_copy(update={"mix": 0.0})
+    assert phases(plain, mixed=True) == phases(plain, mixed=False)  # mix 0: as before sft.mix
+    assert phases(plain, mixed=False)[0] == ("sft", 6, [f"p{k}" for k in range(10)])  # the trainer truncates
