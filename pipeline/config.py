@@ -393,7 +393,7 @@ class PRMConfig(Section):
     sources: list[Literal["gold", "mcts"]] = Field(
         ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
     )
-    learning_rate: float = Field(5e-4, gt=0, lt=1, description="peak learning rate")
+    learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
     num_train_epochs: float = Field(2.0, gt=0, description="passes over the labelled paths")
@@ -405,21 +405,23 @@ class PRMConfig(Section):
 
 
 class DecodingConfig(Section):
-    """`evaluate.decoding`: decoding strategies at one sample budget N, on the pass@k questions (`k_samples`).
+    """`evaluate.decoding`: decoding strategies at one sample budget N, on the first `questions` of each split.
 
-    Whole samples are the pass@k samples (max(k, N) are drawn at `k_temperature`);
-    beam search and PRM-MCTS sample lines at the same temperature.
+    Whole samples are the pass@k samples (max(k, N) are drawn at `k_temperature`, so
+    `questions` is at most `k_samples`); beam search and PRM-MCTS sample lines at the
+    same temperature.
     """
 
     strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"]] = Field(
         ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
     )
     prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
-    n: int = Field(8, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
-    aggregation: Literal["min", "last", "mean"] = Field("last", description="best-of-N: a solution's score from its lines")
+    questions: int = Field(100, ge=1, description="questions per split, the first N (all strategies on the same ones)")
+    n: int = Field(4, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
+    aggregation: Literal["min", "last", "mean"] = Field("mean", description="best-of-N: a solution's score from its lines")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
-    mcts_iterations: int = Field(8, ge=1, description="PRM-MCTS: iterations per question")
-    mcts_children: int = Field(4, ge=1, description="PRM-MCTS: candidate lines per expansion")
+    mcts_iterations: int = Field(6, ge=1, description="PRM-MCTS: iterations per question")
+    mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")
     ucb_c: float = Field(1.0, ge=0, description="PRM-MCTS: UCB exploration constant")
     max_steps: int = Field(8, ge=1, description="beam search and PRM-MCTS: lines per solution at most")
     step_tokens: int = Field(64, ge=1, description="token limit of one sampled line")
@@ -493,6 +495,12 @@ class EvaluateConfig(Section):
     k_samples: int | None = Field(200, ge=1, description="pass@k and maj@k: on the first N questions of each split")
     k_temperature: float = Field(0.8, gt=0, description="pass@k and maj@k: sampling temperature")
     decoding: DecodingConfig = Field(default_factory=DecodingConfig, description="PRM-guided decoding")
+
+    @model_validator(mode="after")
+    def _decoding_questions(self) -> "EvaluateConfig":
+        if self.k_samples is not None and self.decoding.questions > self.k_samples:
+            raise ValueError("decoding.questions must be <= k_samples (the strategies reuse the pass@k samples)")
+        return self
 
 
 SECTIONS: dict[str, type[Section]] = {

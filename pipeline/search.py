@@ -189,8 +189,7 @@ def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, 
     `score(prompts, paths)` returns the PRM's line scores of each path. A kept
     terminal line finishes a path; the search of a question ends with `width`
     finished paths, no live beam, or `max_steps` lines. The answer is the
-    finished path with the best aggregated score (`how`); a question without
-    one completes its best beam greedily.
+    finished path with the best aggregated score (`how`).
     """
     beams: list[list[tuple[Path, list[float]]]] = [[((), [])] for _ in prompts]
     finished: list[list[tuple[Path, list[float]]]] = [[] for _ in prompts]
@@ -215,19 +214,8 @@ def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, 
             finished[i] += [(path, scores) for _, path, terminal, scores in kept if terminal]
             if len(finished[i]) >= width:
                 beams[i] = []
-    answers: list[str | None] = [None] * len(prompts)
-    unfinished = []
-    for i, done in enumerate(finished):
-        if done:
-            answers[i] = completion(max(done, key=lambda d: aggregate(d[1], how))[0])
-        elif beams[i]:
-            unfinished.append((i, max(beams[i], key=lambda b: aggregate(b[1], how))[0]))
-        else:
-            answers[i] = ""
-    rests = policy.complete([prefix(prompts[i], path) for i, path in unfinished])
-    for (i, path), rest in zip(unfinished, rests):
-        answers[i] = prefix("", path) + rest
-    return [a or "" for a in answers]
+    # At the last depth every kept line is terminal, so a question with any candidate has finished paths.
+    return [completion(max(done, key=lambda d: aggregate(d[1], how))[0]) if done else "" for done in finished]
 
 
 def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, iterations: int, children: int,

@@ -3,7 +3,7 @@
 Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded with
 pipeline/grading.py, then max(k, N) sampled completions per question on the first
 `evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
-at budget N on those questions (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
+at budget N on the first `evaluate.decoding.questions` of them (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
 PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
 faithfulness probe (binary comparisons asked in both operand orders). Writes
 metrics/evaluate/<model>.json (accuracy, accuracy_ood, step accuracy, breakdowns,
@@ -44,10 +44,12 @@ def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dic
         k_rows = rows[: cfg.k_samples]
         by_split[split]["sampled"], samples, sample_seconds = sampled(cfg, sampler, k_rows)
         if decoder is not None:
-            greedy = [(g.text, g.tokens) for gens in generations[: len(k_rows)] for g in gens]
+            d_rows = k_rows[: cfg.decoding.questions]
+            greedy = [(g.text, g.tokens) for gens in generations[: len(d_rows)] for g in gens]
+            whole = [[(g.text, g.tokens) for g in gens] for gens in samples[: len(d_rows)]]
             by_split[split]["decoding"] = decoder.run(
-                k_rows, greedy, seconds * len(k_rows) / max(len(rows), 1),
-                [[(g.text, g.tokens) for g in gens] for gens in samples], sample_seconds,
+                d_rows, greedy, seconds * len(d_rows) / max(len(rows), 1), whole,
+                sample_seconds * len(d_rows) / max(len(k_rows), 1),
             )
         records += graded
     return by_split, records

@@ -33,7 +33,13 @@ TINY_PARAMS = {
     "grpo": {"seed": 0, "max_steps": 3, "prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32,
              "logging_steps": 1, "success_prompts": 8},
     "dpo": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 4, "logging_steps": 1},
-    "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8},
+    "prm_data": {"seed": 0, "gold_questions": 24, "val_questions": 12, "samples": 2, "max_new_tokens": 48,
+                 "batch_size": 64, "mcts_questions": 4, "iterations": 2, "children": 2, "step_tokens": 24,
+                 "max_steps": 4},
+    "prm": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 8, "logging_steps": 1},
+    "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8,
+                 "decoding": {"questions": 8, "n": 2, "beam_width": 1, "mcts_iterations": 2, "mcts_children": 2, "max_steps": 4,
+                              "step_tokens": 24}},
     "animate": {"seed": 0, "samples": 6, "frames": 10, "width": 160, "height": 120, "contact_sheet": 2},
 }
 

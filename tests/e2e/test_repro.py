@@ -31,9 +31,10 @@ def dvc(*args: str, cwd, check: bool = True) -> subprocess.CompletedProcess:
     return sh([sys.executable, "-m", "dvc", *args], cwd, check)
 
 
-EVALUATED = ["evaluate@dpo", "evaluate@grpo", "evaluate@sft", "evaluate@sft_extended"]
-AFTER_SFT = sorted(["sft", "mine", "grpo", "sft_extended", "dpo", *EVALUATED])
-ALL_STAGES = sorted(["synthesize", "animate", "base", "teacher", "distill", "evaluate@teacher", *AFTER_SFT])
+EVALUATED = ["evaluate@dpo", "evaluate@grpo", "evaluate@sft", "evaluate@sft_extended", "evaluate@teacher"]
+# The PRM is trained on the SFT policy's steps and guides every model, so the teacher is re-evaluated too.
+AFTER_SFT = sorted(["sft", "mine", "grpo", "sft_extended", "dpo", "prm_data", "prm", "report", *EVALUATED])
+ALL_STAGES = sorted(["synthesize", "animate", "base", "teacher", "distill", *AFTER_SFT])
 
 
 def ran_stages(output: str) -> list[str]:
@@ -60,17 +61,20 @@ def test_repro_builds_everything(repo, prefect_api):
                  "data/mine/rl.parquet", "data/mine/pairs.parquet", "models/grpo/model.safetensors",
                  "models/sft_extended/model.safetensors", "models/dpo/model.safetensors", "plots/grpo",
                  "data/evaluate/sft/predictions.parquet", "metrics/evaluate/sft.json", "metrics/evaluate/grpo.json",
-                 "metrics/evaluate/teacher.json", "dvc.lock"):
+                 "metrics/evaluate/teacher.json", "data/prm_data/train.parquet", "models/prm/model.safetensors",
+                 "metrics/prm.json", "plots/prm/calibration.png", "plots/report/generalisation.png", "dvc.lock"):
         assert (repo / path).exists(), path
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
     metrics = shown[""]["data"]["metrics/evaluate/sft.json"]["data"]  # "" is the workspace
     assert 0 <= metrics["accuracy"] <= 1 and "accuracy_ood" in metrics
+    assert set(metrics["decoding"]) == {"greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"}
     # every stage ran as a flow on the shared server, and the orchestrator published the metrics
     flows = {f["name"] for f in api_post(prefect_api, "flows/filter", {})}
     assert {"repro", "synthesize", "base", "teacher", "distill", "sft", "mine", "grpo", "sft_extended", "dpo",
-            "evaluate"} <= flows
+            "prm_data", "prm", "evaluate", "report"} <= flows
     keys = {a["key"] for a in api_post(prefect_api, "artifacts/filter", {})}
-    assert {"pipeline-metrics", "pipeline-metrics-diff", "pipeline-models"} <= keys
+    assert {"pipeline-metrics", "pipeline-metrics-diff", "pipeline-models", "pipeline-decoding",
+            "pipeline-generalisation"} <= keys
 
 
 def test_second_repro_runs_nothing(repo):
@@ -91,7 +95,7 @@ def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
     assert ran_stages(dry.stdout + dry.stderr) == ["sft", "sft_extended"]
     base_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"]
     proc = dvc("repro", cwd=repo)
-    assert ran_stages(proc.stdout + proc.stderr) == AFTER_SFT  # not teacher, distill or evaluate@teacher
+    assert ran_stages(proc.stdout + proc.stderr) == AFTER_SFT  # not synthesize, animate, base, teacher or distill
     assert yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"] == base_lock
     diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)
     changed = diff["params.yaml"]["sft.learning_rate"]
@@ -118,7 +122,7 @@ def test_changing_a_dpo_param_reruns_dpo_only(repo):
     params["dpo"]["beta"] = 0.2
     write_params(repo, params)
     proc = dvc("repro", cwd=repo)
-    assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo"]
+    assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo", "report"]
 
 
 def test_dvc_exp_run_with_a_changed_param(repo):
@@ -126,6 +130,6 @@ def test_dvc_exp_run_with_a_changed_param(repo):
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "lr 0.002, dpo beta 0.2"], repo)
     proc = dvc("exp", "run", "-S", "dpo.learning_rate=0.0001", "-n", "dpo-lr", cwd=repo)
-    assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo"]
+    assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo", "report"]
     shown = json.dumps(json.loads(dvc("exp", "show", "--json", cwd=repo).stdout))  # normalised spacing
     assert '"dpo-lr"' in shown and '"learning_rate": 0.0001' in shown

@@ -159,6 +159,43 @@ def test_sft_mixed_source_with_curriculum_and_logits(workspace):
     sft.main()  # back to the default (gold, no curriculum) for the stages below
 
 
+def test_prm_data_labels_policy_steps_from_gold_values_and_mcts(workspace):
+    from stages import prm_data
+
+    prm_data.main()
+    rows = read_rows(paths.split_file("train", "prm_data"))
+    val = read_rows(paths.split_file("val", "prm_data"))
+    # The 12-step tiny policy rarely writes a Step or Answer line: gold rows may be few, MCTS paths always exist.
+    assert "mcts" in {r["source"] for r in rows} <= {"gold", "mcts"} and {r["source"] for r in val} <= {"gold"}
+    for r in rows + val:
+        assert len(r["steps"]) == len(r["labels"]) > 0
+        assert all(0.0 <= y <= 1.0 for y in r["labels"])
+        if r["source"] == "gold":
+            assert set(r["labels"]) <= {0.0, 1.0}
+    metrics = json.loads(paths.metrics_file("prm_data").read_text())
+    assert metrics["gold"]["lines"] == sum(len(r["labels"]) for r in rows if r["source"] == "gold")
+    assert metrics["mcts_vs_gold"]["lines"] == sum(len(r["labels"]) for r in rows if r["source"] == "mcts")
+    assert (paths.live_dir("prm_data") / "label_balance.png").exists()
+
+
+def test_prm_trains_a_score_head_and_reports_held_out_auroc(workspace):
+    from stages import prm
+
+    prm.main()
+    metrics = json.loads(paths.metrics_file("prm").read_text())
+    assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
+    assert metrics["held_out"]["lines"] == sum(len(r["labels"]) for r in read_rows(paths.split_file("val", "prm_data")))
+    assert metrics["auroc"] is None or 0.0 <= metrics["auroc"] <= 1.0
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    calibration = json.loads((paths.live_dir("prm") / "calibration.json").read_text())
+    assert sum(b["lines"] for b in calibration) == metrics["held_out"]["lines"]
+    assert (paths.live_dir("prm") / "calibration.png").exists()
+    from transformers import AutoModelForTokenClassification
+
+    model = AutoModelForTokenClassification.from_pretrained(str(paths.model_dir("prm")))
+    assert model.config.num_labels == 1
+
+
 def test_evaluate(workspace):
     from stages import evaluate
 
@@ -177,6 +214,46 @@ def test_evaluate(workspace):
         sum(r["correct"] for r in records if r["split"] == "test") / p["n_test"], abs=1e-4
     )
     assert (paths.eval_plots_dir("sft") / "by_task_type.png").exists()
+    strategies = ("greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts")
+    assert set(metrics["decoding"]) == set(strategies)
+    for name in strategies:
+        d = metrics["decoding"][name]
+        assert d["questions"] == TINY_PARAMS["evaluate"]["k_samples"] and 0.0 <= d["accuracy_ood"] <= 1.0
+        assert d["tokens_per_question"] > 0 and d["seconds_per_question"] > 0
+        # the tiny policy may write no scorable line in its whole samples; beam and MCTS always score theirs
+        assert d["prm_tokens_per_question"] > 0 if name in ("prm_beam", "prm_mcts") else name.startswith("prm_") or \
+            d["prm_tokens_per_question"] == 0
+    greedy_first = [r for r in records if r["split"] == "test"][: TINY_PARAMS["evaluate"]["k_samples"]]
+    assert metrics["decoding"]["greedy"]["accuracy"] == pytest.approx(
+        sum(r["correct"] for r in greedy_first) / len(greedy_first), abs=1e-4)
+    assert set(metrics["faithfulness"]) == {"pairs", "answered", "inconsistent", "inconsistency_rate"}
+    assert (paths.eval_plots_dir("sft") / "decoding.png").exists()
+
+
+def test_evaluate_refuses_a_prm_with_another_tokenizer(workspace, capsys):
+    import copy
+    import shutil
+
+    from pipeline.models import train_tokenizer
+    from stages import evaluate
+
+    other = paths.model_dir("prm_other")
+    shutil.copytree(paths.model_dir("prm"), other)
+    train_tokenizer(["a vocabulary from other words entirely"] * 20, vocab_size=280).save_pretrained(other)
+    params = copy.deepcopy(TINY_PARAMS)
+    params["evaluate"]["decoding"]["prm"] = "prm_other"
+    before = paths.eval_metrics_file("sft").read_bytes()
+    write_params(workspace, params)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            evaluate.main(["--model", "sft"])
+    finally:
+        write_params(workspace)
+        shutil.rmtree(other)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "models/prm_other: the PRM's tokenizer" in err and "models/sft" in err
+    assert paths.eval_metrics_file("sft").read_bytes() == before  # nothing half-written
 
 
 def test_mine_buckets_the_pool_and_builds_pairs(workspace):
@@ -372,6 +449,7 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
             time.sleep(0.2)
     folder = workspace / "api_teacher"
     shutil.copytree(paths.stage_data("synthesize"), folder / paths.stage_data("synthesize"))
+    shutil.copytree(paths.model_dir("prm"), folder / paths.model_dir("prm"))
     params = yaml.safe_load(Path("params.yaml").read_text())
     params["teacher"] = {"backend": "openai", "base_url": url, "model": "local",
                          "api_key_env": "STAGE_TEACHER_KEY", "concurrency": 4, "timeout_s": 30}
@@ -393,7 +471,10 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
     assert first["teacher"] == "openai:local" and first["teacher_requests"]["prompts_requested"] == n
     assert second["teacher_requests"]["cache_hits"] == n and second["teacher_requests"]["requests"] == 0
     assert second["traces_kept"] == first["traces_kept"]  # same answers from the cache
-    assert json.loads(paths.eval_metrics_file("teacher").read_text())["accuracy"] >= 0.0
+    evaluated = json.loads(paths.eval_metrics_file("teacher").read_text())
+    assert evaluated["accuracy"] >= 0.0
+    # an API policy: whole samples reranked by the PRM, no step-level search (it needs the local model)
+    assert set(evaluated["decoding"]) == {"greedy", "maj_at_n", "prm_best_of_n"}
     written = [p for p in folder.rglob("*") if p.is_file()]
     assert any(p.suffix == ".sqlite" for p in written)
     assert [p for p in written if secret.encode() in p.read_bytes()] == []
@@ -409,6 +490,7 @@ def test_transformers_teacher_references_a_saved_model(workspace, monkeypatch):
 
     folder = workspace / "hf_teacher"
     shutil.copytree(paths.stage_data("synthesize"), folder / paths.stage_data("synthesize"))
+    shutil.copytree(paths.model_dir("prm"), folder / paths.model_dir("prm"))
     saved = (workspace / paths.model_dir("teacher")).resolve()
     params = yaml.safe_load(Path("params.yaml").read_text())
     params["teacher"] = {"backend": "transformers", "model": str(saved)}

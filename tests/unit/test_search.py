@@ -1,0 +1,170 @@
+"""Step-level search and decoding strategies with a scripted policy and a scripted PRM (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.config import DecodingConfig
+from pipeline.decoding import Decoder, faithfulness_probes, inconsistency, swapped
+from pipeline.search import (
+    Line, Node, backpropagate, beam_search, best_terminal, mcts, prefix, prm_mcts, select, tree_paths, ucb,
+)
+
+PROMPT = "Question: what?\n"
+
+
+class ScriptedPolicy:
+    """next_lines returns the scripted children of a path in turn (cycling); complete appends a fixed answer."""
+
+    def __init__(self, tree: dict[tuple, list[str]], rest: str = "Answer: 0") -> None:
+        self.tree, self.rest, self.tokens, self.calls = tree, rest, 0, []
+
+    def next_lines(self, prefixes, n):
+        out = []
+        for p in prefixes:
+            path = tuple(line for line in p[len(PROMPT):].split("\n") if line)
+            options = self.tree.get(path, ["Answer: 0"])
+            self.calls.append((path, n))
+            lines = [options[i % len(options)] for i in range(n)]
+            self.tokens += 3 * n
+            out.append([Line(t, 3, terminal=t.startswith("Answer:")) for t in lines])
+        return out
+
+    def complete(self, prefixes):
+        self.tokens += len(prefixes)
+        return [self.rest for _ in prefixes]
+
+
+def table_scorer(values: dict[str, float]):
+    """A PRM that scores each line from a lookup (0.5 for unknown lines)."""
+    def score(prompts, paths):
+        return [[values.get(line, 0.5) for line in path] for path in paths]
+    return score
+
+
+def test_ucb_prefers_unvisited_then_balances_value_and_visits():
+    parent = Node(visits=10)
+    fresh, good, tried = Node(parent=parent), Node(parent=parent, visits=5, total=4.0), Node(parent=parent, visits=1)
+    assert ucb(fresh, 10, 1.0) == math.inf
+    assert ucb(good, 10, 1.0) == pytest.approx(0.8 + math.sqrt(2 * math.log(10) / 5))
+    assert ucb(tried, 10, 0.0) == 0.0
+    parent.children = [good, tried]
+    assert select(parent, 0.0) is good
+
+
+def test_backpropagate_adds_a_visit_and_the_value_up_to_the_root():
+    root = Node()
+    child = Node(("a",), root)
+    leaf = Node(("a", "b"), child)
+    backpropagate(leaf, 1.0)
+    backpropagate(child, 0.0)
+    assert (root.visits, root.total, child.visits, child.q, leaf.q) == (2, 1.0, 2, 0.5, 1.0)
+    assert [n.lines for n in leaf.path()] == [("a",), ("a", "b")]
+
+
+def test_mcts_expands_dedups_and_labels_every_leaf_path():
+    policy = ScriptedPolicy({(): ["Step 1: x is 1.", "Step 1: x is 2.", "Step 1: x is 1."],
+                             ("Step 1: x is 1.",): ["Answer: 1"], ("Step 1: x is 2.",): ["Answer: 2"]})
+    values = {"Answer: 1": 1.0, "Answer: 2": 0.0}
+
+    def evaluate(owners, nodes):
+        return [values.get(n.lines[-1], 0.5) for n in nodes]
+
+    (root,) = mcts([PROMPT], policy, evaluate, iterations=3, children=3, c=1.0, max_steps=4)
+    assert [c.lines for c in root.children] == [("Step 1: x is 1.",), ("Step 1: x is 2.",)]  # the duplicate merged
+    paths = dict(tree_paths(root))
+    assert paths[("Step 1: x is 1.", "Answer: 1")][1] == 1.0
+    assert paths[("Step 1: x is 2.", "Answer: 2")][1] == 0.0
+    assert best_terminal(root).lines == ("Step 1: x is 1.", "Answer: 1")
+
+
+def test_max_steps_makes_a_path_terminal():
+    policy = ScriptedPolicy({}, rest="")
+    policy.tree = {(): ["Step 1: a."], ("Step 1: a.",): ["Step 2: b."]}
+    (root,) = mcts([PROMPT], policy, lambda o, n: [0.5] * len(n), iterations=5, children=1, c=1.0, max_steps=2)
+    assert max(len(n.lines) for n in root.walk()) == 2
+
+
+def test_beam_search_keeps_the_candidates_the_prm_prefers():
+    policy = ScriptedPolicy({(): ["Step 1: good.", "Step 1: bad."],
+                             ("Step 1: good.",): ["Answer: 7", "Answer: 8"], ("Step 1: bad.",): ["Answer: 9"]})
+    scorer = table_scorer({"Step 1: good.": 0.9, "Step 1: bad.": 0.2, "Answer: 7": 0.8, "Answer: 8": 0.3,
+                           "Answer: 9": 0.99})
+    (text,) = beam_search([PROMPT], policy, scorer, n=2, width=1, max_steps=4, how="min")
+    assert text == "Step 1: good.\nAnswer: 7"  # "bad" was pruned at step 1 although its answer scores 0.99
+    assert policy.calls[0] == ((), 2)  # the root gets all n candidates
+
+
+def test_beam_search_ends_every_path_at_max_steps():
+    policy = ScriptedPolicy({(): ["Step 1: a."], ("Step 1: a.",): ["Step 2: b."]})
+    assert beam_search([PROMPT], policy, table_scorer({}), n=2, width=2, max_steps=1, how="last") == ["Step 1: a."]
+    assert beam_search([PROMPT], policy, table_scorer({}), n=2, width=2, max_steps=2, how="last") == [
+        "Step 1: a.\nStep 2: b."]
+
+
+def test_prm_mcts_returns_the_terminal_path_with_the_best_mean_score():
+    policy = ScriptedPolicy({(): ["Step 1: a.", "Step 1: b."], ("Step 1: a.",): ["Answer: 1"],
+                             ("Step 1: b.",): ["Answer: 2"]})
+    scorer = table_scorer({"Step 1: a.": 0.9, "Step 1: b.": 0.4, "Answer: 1": 0.5, "Answer: 2": 0.95})
+    (text,) = prm_mcts([PROMPT], policy, scorer, iterations=4, children=2, c=1.0, max_steps=4)
+    # means: a -> (0.9 + 0.5) / 2 = 0.7; b -> (0.4 + 0.95) / 2 = 0.675
+    assert text == "Step 1: a.\nAnswer: 1"
+
+
+def test_prefix_is_what_the_policy_wrote():
+    assert prefix(PROMPT, ("Step 1: a.", "Step 2: b.")) == PROMPT + "Step 1: a.\nStep 2: b.\n"
+
+
+ROWS = [{"id": str(i), "split": "test", "prompt": PROMPT, "answer": a, "answer_type": "number", "task_type": "t",
+         "chain_length": 1, "steps": [{"function": "f", "text": "", "value": a}]} for i, a in enumerate(["1", "2"])]
+
+
+class FixedScorer:
+    """Scores a completion by its answer line from a lookup; counts tokens like the real scorer."""
+
+    def __init__(self, by_answer):
+        self.by_answer, self.tokens = by_answer, 0
+
+    def score(self, prompts, paths):
+        self.tokens += sum(len(p) for p in paths)
+        return [[self.by_answer.get(p[-1], 0.1)] if p else [] for p in paths]
+
+    def score_completions(self, prompts, completions, how):
+        from pipeline.prm import aggregate, scored_lines
+
+        return [aggregate(s, how) for s in self.score(prompts, [scored_lines(c) for c in completions])]
+
+
+def test_decoder_maj_and_best_of_n_on_the_same_samples():
+    cfg = DecodingConfig(strategies=["greedy", "maj_at_n", "prm_best_of_n"], n=3)
+    samples = [[("Answer: 5", 2), ("Answer: 5", 2), ("Answer: 1", 2)],   # majority wrong, one right
+               [("Answer: 2", 2), ("Answer: 7", 2), ("Answer: 7", 2)]]
+    greedy = [("Answer: 1", 4), ("Answer: 3", 4)]
+    scorer = FixedScorer({"Answer: 1": 0.9, "Answer: 2": 0.8, "Answer: 5": 0.2, "Answer: 7": 0.3})
+    out = Decoder(cfg, scorer, None).run(ROWS, greedy, 2.0, samples, 6.0)
+    assert out["greedy"]["accuracy"] == 0.5 and out["greedy"]["seconds_per_question"] == 1.0
+    assert out["maj_at_n"]["accuracy"] == 0.0 and out["maj_at_n"]["tokens_per_question"] == 6.0
+    assert out["prm_best_of_n"]["accuracy"] == 1.0
+    assert out["prm_best_of_n"]["prm_tokens_per_question"] > 0
+    assert out["prm_best_of_n"]["seconds_per_question"] >= 3.0  # the sampling it reuses counts
+
+
+def test_decoder_skips_prm_strategies_without_a_prm():
+    cfg = DecodingConfig(n=1, beam_width=1)
+    out = Decoder(cfg, None, None).run(ROWS, [("", 0)] * 2, 1.0, [[("", 0)]] * 2, 1.0)
+    assert list(out) == ["greedy", "maj_at_n"]
+
+
+def test_swapped_comparisons_and_the_inconsistency_rate():
+    assert swapped("Is the value of Mon larger than the value of Tue?") == "Is the value of Tue larger than the value of Mon?"
+    assert swapped("Is the count of bars smaller than 3?") == "Is 3 smaller than the count of bars?"
+    assert swapped("Is the sum of bars greater than 3 greater than 4?") is None  # ambiguous
+    assert swapped("What is the value?") is None
+    row = {"id": "1", "answer_type": "binary", "functions": ["one_object", "A_greater_B"],
+           "question": "Is a greater than b?", "prompt": "Table\nQuestion: Is a greater than b?\n"}
+    assert faithfulness_probes([row]) == [(row, "Table\nQuestion: Is b greater than a?\n")]
+    assert faithfulness_probes([{**row, "functions": ["all_same_value"]}]) == []
+    stats = inconsistency([("Yes", "No"), ("Yes", "yes."), ("No", "No"), ("No", None), ("maybe", "No")])
+    assert stats == {"pairs": 5, "answered": 3, "inconsistent": 2, "inconsistency_rate": round(2 / 3, 4)}
