@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sft_step.py
 	$(BIN)/python bench/teacher_sampling.py
 	$(BIN)/python bench/grpo_step.py
+	$(BIN)/python bench/prm_scoring.py
 	$(BIN)/python bench/animate.py
 
 server: $(STAMP)

@@ -23,10 +23,12 @@ from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import save_model
 from pipeline.plots import reliability_chart
-from pipeline.prm import PRMScorer, auroc, calibration, expected_calibration_error, is_terminal
+from pipeline.prm import (
+    AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal,
+)
 from pipeline.training import prm_train
 
-STEP_LABEL_COLUMNS = ("prompt", "steps", "labels", "source")
+STEP_LABEL_COLUMNS = ("id", "prompt", "steps", "labels", "source")
 
 
 def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
@@ -43,6 +45,7 @@ def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
 
     return {
         "lines": len(flat),
+        "within_question": within_question(rows, scores),
         "positive_share": round(sum(y >= 0.5 for y in labels) / max(len(labels), 1), 4),
         "auroc": area(lambda terminal: True),
         "auroc_steps": area(lambda terminal: not terminal),
@@ -50,6 +53,31 @@ def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
         "accuracy": round(sum((s >= 0.5) == (y >= 0.5) for y, s in zip(labels, probs)) / max(len(labels), 1), 4),
         "ece": expected_calibration_error(table),
     }, table
+
+
+def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
+    """What best-of-N needs: among completions of one question, does the PRM rank a right answer above a wrong one?
+
+    The share of (right, wrong) pairs of the same question ordered right (ties half), per aggregation of the
+    line scores; the AUROC above also rewards telling easy questions from hard ones, this does not.
+    """
+    by_question: dict[str, list[tuple[float, list[float]]]] = {}
+    for r, s in zip(rows, scores):
+        right = float(is_terminal(r["steps"][-1]) and r["labels"][-1] >= 0.5)
+        by_question.setdefault(r["id"], []).append((right, s))
+    out: dict = {}
+    for how in AGGREGATIONS:
+        won = pairs = 0.0
+        for items in by_question.values():
+            for y_a, s_a in items:
+                for y_b, s_b in items:
+                    if y_a > y_b:
+                        a, b = aggregate(s_a, how), aggregate(s_b, how)
+                        pairs += 1
+                        won += 1.0 if a > b else 0.5 if a == b else 0.0
+        out[f"pair_accuracy_{how}"] = round(won / pairs, 4) if pairs else None
+    out["pairs"] = int(pairs)
+    return out
 
 
 def _flow(cfg: PRMConfig, policy: str) -> None:

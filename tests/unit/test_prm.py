@@ -139,3 +139,15 @@ def test_a_prm_with_another_tokenizer_fails_with_a_clear_message(tokenizer):
     check_tokenizer(tokenizer, tokenizer, "models/prm", "models/sft")  # the same: no error
     with pytest.raises(InputError, match=r"models/prm: the PRM's tokenizer .* does not match the policy's at models/x"):
         check_tokenizer(tokenizer, other, "models/prm", "models/x")
+
+
+def test_within_question_pair_accuracy_ignores_question_difficulty():
+    from stages.prm import within_question
+
+    rows = [{"id": "q", "steps": ["Step 1: a", "Answer: 1"], "labels": [1.0, 1.0]},
+            {"id": "q", "steps": ["Answer: 2"], "labels": [0.0]},
+            {"id": "q", "steps": ["Step 1: b"], "labels": [1.0]},  # no answer line: not a right answer
+            {"id": "easy", "steps": ["Answer: 3"], "labels": [1.0]}]  # no wrong answer to compare with
+    out = within_question(rows, [[0.2, 0.9], [0.5], [0.5], [0.99]])
+    # pairs (right, wrong) of question q: (row 0, row 1) and (row 0, row 2)
+    assert out == {"pair_accuracy_min": 0.0, "pair_accuracy_last": 1.0, "pair_accuracy_mean": 1.0, "pairs": 2}
