@@ -187,6 +187,8 @@ def test_prm_trains_a_score_head_and_reports_held_out_auroc(workspace):
     assert metrics["held_out"]["lines"] == sum(len(r["labels"]) for r in read_rows(paths.split_file("val", "prm_data")))
     assert metrics["auroc"] is None or 0.0 <= metrics["auroc"] <= 1.0
     assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert set(metrics["held_out"]["within_question"]) == {
+        "pair_accuracy_min", "pair_accuracy_last", "pair_accuracy_mean", "pairs"}
     calibration = json.loads((paths.live_dir("prm") / "calibration.json").read_text())
     assert sum(b["lines"] for b in calibration) == metrics["held_out"]["lines"]
     assert (paths.live_dir("prm") / "calibration.png").exists()
