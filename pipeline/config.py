@@ -426,6 +426,7 @@ class DecodingConfig(Section):
     max_steps: int = Field(8, ge=1, description="beam search and PRM-MCTS: lines per solution at most")
     step_tokens: int = Field(64, ge=1, description="token limit of one sampled line")
     prm_batch_size: int = Field(64, ge=1, description="paths the PRM scores together")
+    step_batch_size: int = Field(512, ge=1, description="beam search and PRM-MCTS: lines sampled together")
 
     @model_validator(mode="after")
     def _beam(self) -> "DecodingConfig":

@@ -11,9 +11,10 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,12 @@ def read_rows(path: Path | str, required: Sequence[str] = ()) -> list[dict]:
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
     return table.to_pylist()
+
+
+def sample_rows(rows: Sequence[dict], n: int, rng: random.Random, exclude: Collection[str] = frozenset()) -> list[dict]:
+    """`n` rows whose id is not in `exclude` (all of them when fewer), drawn with `rng`, kept in file order."""
+    candidates = [i for i, r in enumerate(rows) if r["id"] not in exclude] if exclude else range(len(rows))
+    return [rows[i] for i in sorted(rng.sample(candidates, min(n, len(candidates))))]
 
 
 def hash_path(path: Path | str) -> str:

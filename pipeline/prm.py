@@ -85,16 +85,34 @@ def aggregate(scores: Sequence[float], how: str) -> float:
 
 def encode(tokenizer, prompt: str, lines: Sequence[str]) -> tuple[list[int], list[int]]:
     """(input ids, the index of the last token of each line) for prompt + lines joined by newlines."""
-    text = prompt + "\n".join(lines)
-    enc = tokenizer(text, add_special_tokens=False)
-    positions, end = [], len(prompt)
-    for line in lines:
-        end += len(line)
-        # The token holding the line's last character; an empty line borrows the newline before it.
-        token = enc.char_to_token(max(end - 1, 0))
-        positions.append(token if token is not None else len(enc["input_ids"]) - 1)
-        end += 1  # the newline
-    return enc["input_ids"], positions
+    return encode_many(tokenizer, [prompt], [lines])[0]
+
+
+def encode_many(tokenizer, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[tuple[list[int], list[int]]]:
+    """`encode` for many pairs with one call to the (fast, Rust) tokenizer: (ids, scored positions) per pair."""
+    if not prompts:
+        return []
+    enc = tokenizer([p + "\n".join(ls) for p, ls in zip(prompts, lines)], add_special_tokens=False)
+    out = []
+    for i, (prompt, pair_lines) in enumerate(zip(prompts, lines)):
+        ids, positions, end = enc["input_ids"][i], [], len(prompt)
+        for line in pair_lines:
+            end += len(line)
+            # The token holding the line's last character; an empty line borrows the newline before it.
+            token = enc.char_to_token(i, max(end - 1, 0))
+            positions.append(token if token is not None else len(ids) - 1)
+            end += 1  # the newline
+        out.append((ids, positions))
+    return out
+
+
+def shared_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix of token sequences, leaving each at least one token of its own."""
+    limit = min(len(s) for s in sequences) - 1
+    n = 0
+    while n < limit and all(s[n] == sequences[0][n] for s in sequences):
+        n += 1
+    return n
 
 
 def collate(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
@@ -133,7 +151,14 @@ def prm_loss(logits: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor
 
 
 class PRMScorer:
-    """Batched PRM scoring of (prompt, lines) pairs: one forward pass scores every line of every pair."""
+    """Batched PRM scoring of (prompt, lines) pairs: one forward pass scores every line of every pair.
+
+    Pairs with the same prompt (the N candidates of best-of-N, the children of a
+    search node) share the tokens of their longest common prefix: the batch
+    reads each distinct prefix once, keeps its KV cache, and reads only each
+    pair's own tokens on top of it (a row of the cache per pair). The scores
+    equal one forward pass per pair up to float rounding (tests/test_prm.py).
+    """
 
     def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
@@ -156,20 +181,76 @@ class PRMScorer:
     @torch.inference_mode()
     def score(self, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[list[float]]:
         """For each pair, the probability that each line is right; [] for a pair without lines."""
-        features = [dict(zip(("input_ids", "positions"), encode(self.tokenizer, p, ls))) for p, ls in zip(prompts, lines)]
-        out: list[list[float]] = [[] for _ in features]
-        order = sorted((i for i, f in enumerate(features) if f["positions"]), key=lambda i: len(features[i]["input_ids"]))
-        device = self.model.device
+        encoded = encode_many(self.tokenizer, prompts, lines)
+        out: list[list[float]] = [[] for _ in encoded]
+        groups: dict[str, list[int]] = {}
+        for i, (prompt, (_, positions)) in enumerate(zip(prompts, encoded)):
+            if positions:
+                groups.setdefault(prompt, []).append(i)
+        # A group stays contiguous (its prefix is read once per batch); groups whose own tokens are about as long
+        # sit side by side, since those are what the batch pads (a lone pair's own tokens are all of its tokens).
+        def own_tokens(group: list[int]) -> int:
+            cut = shared_prefix([encoded[i][0] for i in group]) if len(group) > 1 else 0
+            return max(len(encoded[i][0]) for i in group) - cut
+
+        order = [i for g in sorted(groups.values(), key=own_tokens) for i in g]
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            inputs = collate([features[i] for i in batch], self.pad_id)
-            logits = self.model(input_ids=inputs["input_ids"].to(device),
-                                attention_mask=inputs["attention_mask"].to(device)).logits
-            picked, valid = gather_logits(logits.float().cpu(), inputs["score_positions"])
-            probs = torch.sigmoid(picked)
-            for row, i in enumerate(batch):
-                out[i] = probs[row][valid[row]].tolist()
-            self.tokens += int(inputs["attention_mask"].sum())
+            owners = [prompts[i] for i in batch]
+            for i, probs in zip(batch, self._forward([encoded[i] for i in batch], owners)):
+                out[i] = probs
+        return out
+
+    def _forward(self, pairs: Sequence[tuple[list[int], list[int]]], owners: Sequence[str]) -> list[list[float]]:
+        """Line scores of one batch: each owner's shared prefix once (left-padded), then every pair's own tokens."""
+        device = self.model.device
+        members: dict[str, list[int]] = {}
+        for row, owner in enumerate(owners):
+            members.setdefault(owner, []).append(row)
+        group_rows = list(members.values())
+        # A pair alone has nothing to share: it is read in one piece.
+        cuts = [shared_prefix([pairs[r][0] for r in rows]) if len(rows) > 1 else 0 for rows in group_rows]
+        group_of = torch.empty(len(pairs), dtype=torch.long)
+        cut_of = [0] * len(pairs)
+        for g, rows in enumerate(group_rows):
+            for r in rows:
+                group_of[r], cut_of[r] = g, cuts[g]
+        width = max(cuts)
+        prefix_ids = torch.full((len(group_rows), width), self.pad_id, dtype=torch.long)
+        prefix_mask = torch.zeros((len(group_rows), width), dtype=torch.long)
+        for g, (rows, cut) in enumerate(zip(group_rows, cuts)):
+            if cut:
+                prefix_ids[g, width - cut :] = torch.tensor(pairs[rows[0]][0][:cut])
+                prefix_mask[g, width - cut :] = 1
+        rests = [ids[cut:] for (ids, _), cut in zip(pairs, cut_of)]
+        rest_width = max(len(r) for r in rests)
+        rest_ids = torch.full((len(pairs), rest_width), self.pad_id, dtype=torch.long)
+        rest_mask = torch.zeros((len(pairs), rest_width), dtype=torch.long)
+        for row, rest in enumerate(rests):
+            rest_ids[row, : len(rest)], rest_mask[row, : len(rest)] = torch.tensor(rest), 1
+
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        prefix_logits = torch.zeros((len(group_rows), 0))
+        if width:
+            # Left padding: every prefix ends at the last column, so the pairs' own tokens follow on directly.
+            positions = (prefix_mask.cumsum(1) - 1).clamp(min=0)
+            prefix_logits = self.model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
+                                       position_ids=positions.to(device), cache=cache, use_cache=True,
+                                       ).logits.squeeze(-1).float().cpu()
+            cache.batch_select_indices(group_of.to(device))  # one cache row per pair, shared rows copied
+        mask = torch.cat([prefix_mask[group_of], rest_mask], dim=1)
+        positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_width).unsqueeze(0)
+        rest_logits = self.model(input_ids=rest_ids.to(device), attention_mask=mask.to(device),
+                                 position_ids=positions.to(device), cache=cache if width else None,
+                                 ).logits.squeeze(-1).float().cpu()
+        self.tokens += int(prefix_mask.sum()) + int(rest_mask.sum())
+        out = []
+        for row, (_, scored) in enumerate(pairs):
+            g, cut = int(group_of[row]), cut_of[row]
+            picked = [prefix_logits[g, width - cut + p] if p < cut else rest_logits[row, p - cut] for p in scored]
+            out.append(torch.sigmoid(torch.stack(picked)).tolist())
         return out
 
     def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:

@@ -225,11 +225,11 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     """Train a token-classification PRM in place on step-label rows; `cfg` is the `prm` section."""
     from transformers import TrainingArguments
 
-    from pipeline.prm import LABEL_KINDS, collate, encode
+    from pipeline.prm import LABEL_KINDS, collate, encode_many
 
     features, too_long = [], 0
-    for r in rows:
-        ids, positions = encode(tokenizer, r["prompt"], r["steps"])
+    encoded = encode_many(tokenizer, [r["prompt"] for r in rows], [r["steps"] for r in rows])
+    for r, (ids, positions) in zip(rows, encoded):
         if len(ids) > cfg.max_length:
             too_long += 1
             continue

@@ -133,7 +133,7 @@ def build_decoder(cfg: EvaluateConfig, sampler: Sampler, model_dir) -> Decoder:
             stage_logger().warning("evaluate: %s is not a local model; the PRM's tokenizer cannot be checked and "
                                    "beam search and PRM-MCTS (step sampling) are skipped", model_dir)
     if local and scorer is not None:
-        policy = StepPolicy(sampler.model, sampler.tokenizer, batch_size=cfg.batch_size * 8,
+        policy = StepPolicy(sampler.model, sampler.tokenizer, batch_size=dcfg.step_batch_size,
                             step_tokens=dcfg.step_tokens, completion_tokens=cfg.max_new_tokens,
                             temperature=cfg.k_temperature)
     return Decoder(dcfg, scorer, policy)

@@ -27,7 +27,7 @@ from pipeline.config import MineConfig, load_section
 from pipeline.distill import PAIR_SCHEMA, histogram, select
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.mining import RL_SCHEMA, policy_pairs, rl_set
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
@@ -35,8 +35,7 @@ from pipeline.plots import bar_chart
 
 def pool(rows: list[dict], cfg: MineConfig) -> list[dict]:
     """A seeded sample of `pool_size` training questions, in their file order."""
-    picked = sorted(random.Random(cfg.seed).sample(range(len(rows)), min(cfg.pool_size, len(rows))))
-    return [rows[i] for i in picked]
+    return sample_rows(rows, cfg.pool_size, random.Random(cfg.seed))
 
 
 def run(cfg: MineConfig, sampler, rows: list[dict]) -> tuple[dict, dict]:

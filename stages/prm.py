@@ -107,7 +107,7 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
                        metrics=metrics, policy=policy)
         write_json(live / "calibration.json", table)
         reliability_chart(table, live / "calibration.png",
-                          title=f"PRM calibration on held-out gold step labels (AUROC {metrics['auroc']})")
+                          title=f"PRM calibration, held-out gold step labels\n(AUROC {metrics['auroc']})")
     write_json(paths.metrics_file("prm"), metrics)
 
 

@@ -29,7 +29,7 @@ from pipeline.config import PRMDataConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.grading import extract_answer, grade
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
 from pipeline.prm import auroc, line_labels, log_boost, scored_lines
@@ -39,12 +39,6 @@ STEP_LABEL_SCHEMA = pa.schema(
     [("id", pa.string()), ("prompt", pa.string()), ("steps", pa.list_(pa.string())),
      ("labels", pa.list_(pa.float64())), ("source", pa.string()), ("task_type", pa.string())]
 )
-
-
-def sample_questions(rows: list[dict], n: int, rng: random.Random, exclude: set[str] = frozenset()) -> list[dict]:
-    """`n` questions not in `exclude`, drawn with `rng`, in file order."""
-    candidates = [i for i, r in enumerate(rows) if r["id"] not in exclude]
-    return [rows[i] for i in sorted(rng.sample(candidates, min(n, len(candidates))))]
 
 
 def gold_rows(cfg: PRMDataConfig, sampler, questions: list[dict]) -> list[dict]:
@@ -107,9 +101,9 @@ def _flow(cfg: PRMDataConfig) -> None:
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
     model, tokenizer = load_model(model_dir)
     rng = random.Random(cfg.seed)
-    gold_q = sample_questions(train, cfg.gold_questions, rng)
-    mcts_q = sample_questions(train, cfg.mcts_questions, rng, exclude={q["id"] for q in gold_q})
-    val_q = sample_questions(val, cfg.val_questions, rng)
+    gold_q = sample_rows(train, cfg.gold_questions, rng)
+    mcts_q = sample_rows(train, cfg.mcts_questions, rng, exclude={q["id"] for q in gold_q})
+    val_q = sample_rows(val, cfg.val_questions, rng)
     sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
     log = stage_logger()
 

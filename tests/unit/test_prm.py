@@ -13,7 +13,7 @@ from pipeline.io import InputError
 from pipeline.models import train_tokenizer
 from pipeline.prm import (
     EMPTY_SCORE, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
-    expected_calibration_error, line_labels, log_boost, prm_loss, scored_lines,
+    expected_calibration_error, gather_logits, shared_prefix, line_labels, log_boost, prm_loss, scored_lines,
 )
 
 ROW = {
@@ -123,6 +123,39 @@ def test_batched_scores_equal_one_at_a_time_and_no_lines_is_defined(tokenizer, p
         assert a == pytest.approx(b, abs=1e-5)
     scores = PRMScorer(prm, tokenizer).score_completions(prompts, completions, "min")
     assert scores[2] == EMPTY_SCORE and all(0.0 < s < 1.0 for s in scores[:2])
+
+
+def test_shared_prefix_leaves_each_sequence_a_token_of_its_own():
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2  # identical: the last token is still read per pair
+    assert shared_prefix([[7, 1], [8, 1]]) == 0
+    assert shared_prefix([[4, 5, 6]]) == 2
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 64])
+def test_prefix_shared_scores_equal_a_full_forward_pass_per_pair(tokenizer, prm, batch_size):
+    """Best-of-N candidates and search children (lines shared beyond the prompt), lone pairs, a group cut by a batch."""
+    short, long = "Question: What is it?\n", "Chart: bar.\nQuestion: What is it?\n"
+    pairs = [(long, ["Step 1: Select them: Jan 15, Feb 11.", "Step 2: The largest is 15."]),
+             (short, ["Step 1: The value is 3.", "Answer: No"]),
+             (long, ["Step 1: Select them: Jan 15, Feb 11.", "Step 2: The largest is 11.", "Answer: 9"]),
+             (long, ["Step 1: The value is 3."]),
+             (short, ["Answer: 9"]),
+             ("Chart: pie.\n", ["Step 1: 15 - 6 = 9.", "Answer: 9"])]
+    scorer = PRMScorer(prm, tokenizer, batch_size=batch_size)
+    got = scorer.score([p for p, _ in pairs], [ls for _, ls in pairs])
+    full_tokens = 0
+    for (prompt, lines), scores in zip(pairs, got):
+        batch = collate([dict(zip(("input_ids", "positions"), encode(tokenizer, prompt, lines)))], tokenizer.pad_token_id)
+        with torch.inference_mode():
+            logits = prm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        picked, _ = gather_logits(logits, batch["score_positions"])
+        assert scores == pytest.approx(torch.sigmoid(picked[0]).tolist(), abs=1e-5)
+        full_tokens += batch["input_ids"].shape[1]
+    if batch_size == 1:
+        assert scorer.tokens == full_tokens
+    else:  # the prompts (and the shared first step) are read once per batch
+        assert scorer.tokens < full_tokens
 
 
 def test_collate_pads_right_and_marks_padding_positions():
