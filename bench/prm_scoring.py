@@ -2,12 +2,13 @@
 
 PRM scoring throughput, side by side in one process on the same PRM and the same
 candidate solutions (the held-out step-label paths of data/prm_data/val.parquet):
-1. the pipeline's batched scorer (pipeline.prm.PRMScorer: length-sorted batches of
+1. the pipeline's batched scorer (pipeline.prm.PRMScorer: batches of
    `evaluate.decoding.prm_batch_size` paths, every line of every path scored in one
-   forward pass);
-2. baseline: the same scorer with batch size 1, one candidate at a time.
-Checks that both give the same scores, then prints candidates/s of each and the ratio
-(best of `--repeats`). Needs models/prm and data/prm_data (run `make run` first).
+   forward pass, the prefix that paths of one prompt share read once);
+2. baseline: the same scorer with batch size 1, one candidate at a time (one plain
+   forward pass per candidate: a lone path shares nothing).
+Checks that both give the same scores, then prints candidates/s of each, the tokens
+each read, and the ratio (best of `--repeats`). Needs models/prm and data/prm_data (run `make run` first).
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def main() -> None:
     single = PRMScorer(batched.model, batched.tokenizer, batch_size=1)
     fast, fast_scores = throughput(batched, rows, args.repeats)
     slow, slow_scores = throughput(single, rows, args.repeats)
+    read = {name: scorer.tokens // args.repeats for name, scorer in (("batched", batched), ("single", single))}
     worst = max(abs(a - b) for x, y in zip(fast_scores, slow_scores) for a, b in zip(x, y))
     lines = sum(len(r["steps"]) for r in rows)
     print(f"{len(rows)} candidate solutions ({lines} scored lines), torch threads {torch.get_num_threads()}")
-    print(f"batched (batch {batch}):   {fast:8.1f} candidates/s")
-    print(f"one at a time:        {slow:8.1f} candidates/s")
+    print(f"batched (batch {batch}):   {fast:8.1f} candidates/s, {read['batched']} tokens read")
+    print(f"one at a time:        {slow:8.1f} candidates/s, {read['single']} tokens read")
     print(f"ratio: {fast / slow:.2f}x  (largest score difference {worst:.2e})")
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pipeline.config import DecodingConfig
 from pipeline.evaluation import accuracy_by, majority_vote, score
 from pipeline.grading import extract_answer
+from pipeline.prm import is_terminal, line_labels, scored_lines
 from pipeline.search import StepPolicy, beam_search, prm_mcts
 
 PRM_STRATEGIES = ("prm_best_of_n", "prm_beam", "prm_mcts")
@@ -69,7 +70,10 @@ class Decoder:
                 texts = [_voted(row, [t for t, _ in s[: cfg.n]]) for row, s in zip(rows, samples)]
                 out[strategy] = strategy_metrics(rows, texts, tokens=sample_tokens, seconds=share)
             elif strategy == "prm_best_of_n":
-                out[strategy] = self._timed(rows, lambda: self._best_of_n(prompts, samples), sample_tokens, share)
+                picked: dict = {}
+                out[strategy] = self._timed(rows, lambda: self._best_of_n(prompts, samples, picked), sample_tokens,
+                                            share)
+                out[strategy]["ceilings"] = ceilings(rows, picked["candidates"], picked["scores"])
             elif strategy == "prm_beam":
                 out[strategy] = self._timed(rows, lambda: beam_search(
                     prompts, self.policy, self._score, n=cfg.n, width=cfg.beam_width, max_steps=cfg.max_steps,
@@ -83,17 +87,19 @@ class Decoder:
     def _score(self, prompts, paths):
         return self.scorer.score(prompts, paths)
 
-    def _best_of_n(self, prompts: Sequence[str], samples) -> list[str]:
-        flat_prompts = [p for p, s in zip(prompts, samples) for _ in s[: self.cfg.n]]
-        flat_texts = [t for s in samples for t, _ in s[: self.cfg.n]]
-        scores = self.scorer.score_completions(flat_prompts, flat_texts, self.cfg.aggregation)
-        best, i = [], 0
-        for s in samples:
-            k = len(s[: self.cfg.n])
-            group = scores[i : i + k]
-            best.append(flat_texts[i + group.index(max(group))] if group else "")  # ties: the first sample
-            i += k
-        return best
+    def _best_of_n(self, prompts: Sequence[str], samples, picked: dict) -> list[str]:
+        """The N samples' best by PRM score; `picked` gets the candidates and their scores per question."""
+        candidates = [[t for t, _ in s[: self.cfg.n]] for s in samples]
+        flat_prompts = [p for p, texts in zip(prompts, candidates) for _ in texts]
+        flat = self.scorer.score_completions(flat_prompts, [t for texts in candidates for t in texts],
+                                             self.cfg.aggregation)
+        scores, i = [], 0
+        for texts in candidates:
+            scores.append(flat[i : i + len(texts)])
+            i += len(texts)
+        picked.update(candidates=candidates, scores=scores)
+        # ties: the first sample
+        return [texts[group.index(max(group))] if group else "" for texts, group in zip(candidates, scores)]
 
     def _timed(self, rows, run, tokens: float = 0, seconds: float = 0) -> dict:
         """Run a strategy; its cost is what it adds (policy tokens, PRM tokens, seconds) plus what it reuses."""
@@ -105,6 +111,36 @@ class Decoder:
         generated = (self.policy.tokens - policy_before) if self.policy else 0
         return strategy_metrics(rows, texts, tokens=tokens + generated, seconds=seconds + elapsed,
                                 prm_tokens=self.scorer.tokens - prm_before)
+
+
+def steps_right(row: dict, completion: str) -> bool:
+    """Every `Step` line of the completion matches the gold chain (and there is at least one)."""
+    lines = [line for line in scored_lines(completion) if not is_terminal(line)]
+    return bool(lines) and all(label >= 0.5 for label in line_labels(lines, row))
+
+
+def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: Sequence[Sequence[float]]) -> dict:
+    """How far best-of-N could go on these N candidates, beside what the PRM's pick reached.
+
+    - `pass_at_n`: some candidate's answer is right (a perfect outcome verifier's accuracy);
+    - `step_oracle`: a perfect *step* verifier's accuracy: it picks a candidate whose
+      every Step line matches the gold chain (ties and the rest by the PRM's score);
+    - `all_steps_right`: the share of candidates whose Step lines all match.
+    A step verifier cannot beat `step_oracle`: when it is below greedy, step labels are the limit, not the PRM.
+    """
+    n_questions = max(len(rows), 1)
+    right = [[score(row, text, 0)["correct"] for text in texts] for row, texts in zip(rows, candidates)]
+    clean = [[steps_right(row, text) for text in texts] for row, texts in zip(rows, candidates)]
+    oracle = 0
+    for ok, good, group in zip(right, clean, scores):
+        if ok:
+            oracle += ok[max(range(len(ok)), key=lambda i: (good[i], group[i], -i))]
+    total = sum(len(texts) for texts in candidates)
+    return {
+        "pass_at_n": round(sum(any(ok) for ok in right) / n_questions, 4),
+        "step_oracle": round(oracle / n_questions, 4),
+        "all_steps_right": round(sum(map(sum, clean)) / max(total, 1), 4),
+    }
 
 
 def _voted(row: dict, texts: Sequence[str]) -> str:

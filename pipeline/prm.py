@@ -156,8 +156,9 @@ class PRMScorer:
     Pairs with the same prompt (the N candidates of best-of-N, the children of a
     search node) share the tokens of their longest common prefix: the batch
     reads each distinct prefix once, keeps its KV cache, and reads only each
-    pair's own tokens on top of it (a row of the cache per pair). The scores
-    equal one forward pass per pair up to float rounding (tests/test_prm.py).
+    pair's own tokens on top of it (a row of the cache per pair); equal pairs
+    are read once. The scores equal one forward pass per pair up to float
+    rounding (tests/unit/test_prm.py).
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
@@ -181,12 +182,16 @@ class PRMScorer:
     @torch.inference_mode()
     def score(self, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[list[float]]:
         """For each pair, the probability that each line is right; [] for a pair without lines."""
-        encoded = encode_many(self.tokenizer, prompts, lines)
-        out: list[list[float]] = [[] for _ in encoded]
+        # Equal pairs (a policy often samples the same solution twice) are read once.
+        first: dict[tuple[str, tuple[str, ...]], int] = {}
+        same = [first.setdefault((p, tuple(ls)), i) for i, (p, ls) in enumerate(zip(prompts, lines))]
+        unique = sorted(first.values())
+        encoded = dict(zip(unique, encode_many(self.tokenizer, [prompts[i] for i in unique], [lines[i] for i in unique])))
+        out: dict[int, list[float]] = {i: [] for i in unique}
         groups: dict[str, list[int]] = {}
-        for i, (prompt, (_, positions)) in enumerate(zip(prompts, encoded)):
-            if positions:
-                groups.setdefault(prompt, []).append(i)
+        for i in unique:
+            if encoded[i][1]:
+                groups.setdefault(prompts[i], []).append(i)
         # A group stays contiguous (its prefix is read once per batch); groups whose own tokens are about as long
         # sit side by side, since those are what the batch pads (a lone pair's own tokens are all of its tokens).
         def own_tokens(group: list[int]) -> int:
@@ -199,7 +204,7 @@ class PRMScorer:
             owners = [prompts[i] for i in batch]
             for i, probs in zip(batch, self._forward([encoded[i] for i in batch], owners)):
                 out[i] = probs
-        return out
+        return [list(out[i]) for i in same]
 
     def _forward(self, pairs: Sequence[tuple[list[int], list[int]]], owners: Sequence[str]) -> list[list[float]]:
         """Line scores of one batch: each owner's shared prefix once (left-padded), then every pair's own tokens."""

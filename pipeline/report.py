@@ -43,6 +43,17 @@ def decoding_markdown(evaluations: dict[str, dict]) -> str:
         for strategy, d in m.get("decoding", {}).items():
             lines.append(f"| {model} | {strategy} | {d['accuracy']} | {d.get('accuracy_ood')} | "
                          f"{d['tokens_per_question']} | {d['prm_tokens_per_question']} | {d['seconds_per_question']} |")
+    lines += ["", "Best-of-N against its ceilings on the same N samples (test): a perfect outcome verifier (pass@N), "
+              "a perfect step verifier (picks a sample whose steps all match the gold chain), and how many "
+              "samples have all steps right.", "",
+              "| model | greedy | PRM best-of-N | perfect step verifier | pass@N | samples with all steps right |",
+              "|---|---|---|---|---|---|"]
+    for model, m in evaluations.items():
+        d = m.get("decoding", {})
+        if "ceilings" in d.get("prm_best_of_n", {}):
+            c = d["prm_best_of_n"]["ceilings"]
+            lines.append(f"| {model} | {d.get('greedy', {}).get('accuracy')} | {d['prm_best_of_n']['accuracy']} | "
+                         f"{c['step_oracle']} | {c['pass_at_n']} | {c['all_steps_right']} |")
     lines += ["", "| model | comparison pairs | answered both | inconsistency rate |", "|---|---|---|---|"]
     for model, m in evaluations.items():
         f = m.get("faithfulness", {})

@@ -114,6 +114,9 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
                            if "ood" in by_split else {})}
             for name, m in test["decoding"].items()
         }
+        for name, m in by_split.get("ood", {}).get("decoding", {}).items():
+            if "ceilings" in m:
+                out["decoding"][name]["ceilings_ood"] = m["ceilings"]
     return out
 
 

@@ -64,6 +64,8 @@ def test_repro_builds_everything(repo, prefect_api):
                  "metrics/evaluate/teacher.json", "data/prm_data/train.parquet", "models/prm/model.safetensors",
                  "metrics/prm.json", "plots/prm/calibration.png", "plots/report/generalisation.png", "dvc.lock"):
         assert (repo / path).exists(), path
+    report = (repo / "plots/report/report.md").read_text()
+    assert "| sft | " in report and "perfect step verifier" in report  # best-of-N beside its ceilings
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
     metrics = shown[""]["data"]["metrics/evaluate/sft.json"]["data"]  # "" is the workspace
     assert 0 <= metrics["accuracy"] <= 1 and "accuracy_ood" in metrics

@@ -225,6 +225,10 @@ def test_evaluate(workspace):
         # the tiny policy may write no scorable line in its whole samples; beam and MCTS always score theirs
         assert d["prm_tokens_per_question"] > 0 if name in ("prm_beam", "prm_mcts") else name.startswith("prm_") or \
             d["prm_tokens_per_question"] == 0
+    best = metrics["decoding"]["prm_best_of_n"]
+    for ceiling in (best["ceilings"], best["ceilings_ood"]):
+        assert set(ceiling) == {"pass_at_n", "step_oracle", "all_steps_right"}
+        assert 0.0 <= ceiling["step_oracle"] <= ceiling["pass_at_n"] <= 1.0
     greedy_first = [r for r in records if r["split"] == "test"][: TINY_PARAMS["evaluate"]["k_samples"]]
     assert metrics["decoding"]["greedy"]["accuracy"] == pytest.approx(
         sum(r["correct"] for r in greedy_first) / len(greedy_first), abs=1e-4)

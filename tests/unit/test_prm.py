@@ -158,6 +158,14 @@ def test_prefix_shared_scores_equal_a_full_forward_pass_per_pair(tokenizer, prm,
         assert scorer.tokens < full_tokens
 
 
+def test_equal_pairs_are_read_once(tokenizer, prm):
+    prompt, lines = "Chart: bar.\nQuestion: What is it?\n", scored_lines(RIGHT)
+    once, twice = PRMScorer(prm, tokenizer), PRMScorer(prm, tokenizer)
+    [alone] = once.score([prompt], [lines])
+    assert twice.score([prompt, prompt], [lines, list(lines)]) == [alone, alone]
+    assert twice.tokens == once.tokens
+
+
 def test_collate_pads_right_and_marks_padding_positions():
     batch = collate([{"input_ids": [5, 6, 7], "positions": [1, 2], "line_labels": [1.0, 0.0], "kind": 0},
                      {"input_ids": [8], "positions": [0], "line_labels": [0.5], "kind": 1}], pad_id=0)

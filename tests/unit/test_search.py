@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipeline.config import DecodingConfig
-from pipeline.decoding import Decoder, faithfulness_probes, inconsistency, swapped
+from pipeline.decoding import Decoder, ceilings, faithfulness_probes, inconsistency, swapped
 from pipeline.search import (
     Line, Node, backpropagate, beam_search, best_terminal, mcts, prefix, prm_mcts, select, tree_paths, ucb,
 )
@@ -149,6 +149,17 @@ def test_decoder_maj_and_best_of_n_on_the_same_samples():
     assert out["prm_best_of_n"]["accuracy"] == 1.0
     assert out["prm_best_of_n"]["prm_tokens_per_question"] > 0
     assert out["prm_best_of_n"]["seconds_per_question"] >= 3.0  # the sampling it reuses counts
+    assert out["prm_best_of_n"]["ceilings"]["pass_at_n"] == 1.0
+
+
+def test_ceilings_of_best_of_n_a_perfect_outcome_and_a_perfect_step_verifier():
+    candidates = [["Step 1: It is 5.\nAnswer: 1", "Step 1: It is 1.\nAnswer: 5", "Step 1: It is 1.\nAnswer: 1"],
+                  ["Step 1: It is 2.\nAnswer: 2", "Step 1: It is 7.\nAnswer: 3"]]
+    scores = [[0.9, 0.5, 0.2], [0.1, 0.3]]
+    out = ceilings(ROWS, candidates, scores)
+    # question 1: both step-right candidates tie on steps, the PRM prefers the wrong answer among them (0.5 > 0.2);
+    # question 2: the one step-right candidate is the right one, though the PRM scores it lower
+    assert out == {"pass_at_n": 1.0, "step_oracle": 0.5, "all_steps_right": 0.6}
 
 
 def test_decoder_skips_prm_strategies_without_a_prm():
