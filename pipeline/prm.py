@@ -115,18 +115,27 @@ def shared_prefix(sequences: Sequence[Sequence[int]]) -> int:
     return n
 
 
+def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of token sequences padded to the longest, on the right or on the left."""
+    width = max((len(seq) for seq in sequences), default=0)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            span = slice(width - len(seq), width) if left else slice(0, len(seq))
+            ids[row, span], mask[row, span] = torch.tensor(list(seq)), 1
+    return ids, mask
+
+
 def collate(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded ids and mask, and the scored positions with their labels and kinds (-1 pads)."""
-    width = max(len(f["input_ids"]) for f in features)
+    ids, mask = pad([f["input_ids"] for f in features], pad_id)
     slots = max(len(f["positions"]) for f in features)
-    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(features), width), dtype=torch.long)
     positions = torch.full((len(features), slots), -1, dtype=torch.long)
     labels = torch.zeros((len(features), slots), dtype=torch.float)
     kinds = torch.zeros((len(features), slots), dtype=torch.long)
     for i, f in enumerate(features):
-        n, s = len(f["input_ids"]), len(f["positions"])
-        ids[i, :n], mask[i, :n] = torch.tensor(f["input_ids"]), 1
+        s = len(f["positions"])
         positions[i, :s] = torch.tensor(f["positions"])
         if "line_labels" in f:
             labels[i, :s], kinds[i, :s] = torch.tensor(f["line_labels"], dtype=torch.float), f["kind"]
@@ -208,48 +217,36 @@ class PRMScorer:
 
     def _forward(self, pairs: Sequence[tuple[list[int], list[int]]], owners: Sequence[str]) -> list[list[float]]:
         """Line scores of one batch: each owner's shared prefix once (left-padded), then every pair's own tokens."""
+        from transformers import DynamicCache
+
         device = self.model.device
         members: dict[str, list[int]] = {}
         for row, owner in enumerate(owners):
             members.setdefault(owner, []).append(row)
-        group_rows = list(members.values())
+        groups = list(members.values())
         # A pair alone has nothing to share: it is read in one piece.
-        cuts = [shared_prefix([pairs[r][0] for r in rows]) if len(rows) > 1 else 0 for rows in group_rows]
+        cuts = [shared_prefix([pairs[r][0] for r in rows]) if len(rows) > 1 else 0 for rows in groups]
         group_of = torch.empty(len(pairs), dtype=torch.long)
-        cut_of = [0] * len(pairs)
-        for g, rows in enumerate(group_rows):
-            for r in rows:
-                group_of[r], cut_of[r] = g, cuts[g]
-        width = max(cuts)
-        prefix_ids = torch.full((len(group_rows), width), self.pad_id, dtype=torch.long)
-        prefix_mask = torch.zeros((len(group_rows), width), dtype=torch.long)
-        for g, (rows, cut) in enumerate(zip(group_rows, cuts)):
-            if cut:
-                prefix_ids[g, width - cut :] = torch.tensor(pairs[rows[0]][0][:cut])
-                prefix_mask[g, width - cut :] = 1
-        rests = [ids[cut:] for (ids, _), cut in zip(pairs, cut_of)]
-        rest_width = max(len(r) for r in rests)
-        rest_ids = torch.full((len(pairs), rest_width), self.pad_id, dtype=torch.long)
-        rest_mask = torch.zeros((len(pairs), rest_width), dtype=torch.long)
-        for row, rest in enumerate(rests):
-            rest_ids[row, : len(rest)], rest_mask[row, : len(rest)] = torch.tensor(rest), 1
-
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        prefix_logits = torch.zeros((len(group_rows), 0))
+        for g, rows in enumerate(groups):
+            group_of[rows] = g
+        cut_of = [cuts[g] for g in group_of.tolist()]
+        prefix_ids, prefix_mask = pad([pairs[rows[0]][0][:cut] for rows, cut in zip(groups, cuts)], self.pad_id,
+                                      left=True)
+        rest_ids, rest_mask = pad([ids[cut:] for (ids, _), cut in zip(pairs, cut_of)], self.pad_id)
+        width = prefix_ids.shape[1]
+        cache, prefix_logits = None, torch.zeros((len(groups), 0))
         if width:
             # Left padding: every prefix ends at the last column, so the pairs' own tokens follow on directly.
+            cache = DynamicCache(config=self.model.config)
             positions = (prefix_mask.cumsum(1) - 1).clamp(min=0)
             prefix_logits = self.model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
                                        position_ids=positions.to(device), cache=cache, use_cache=True,
                                        ).logits.squeeze(-1).float().cpu()
             cache.batch_select_indices(group_of.to(device))  # one cache row per pair, shared rows copied
         mask = torch.cat([prefix_mask[group_of], rest_mask], dim=1)
-        positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_width).unsqueeze(0)
+        positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_ids.shape[1]).unsqueeze(0)
         rest_logits = self.model(input_ids=rest_ids.to(device), attention_mask=mask.to(device),
-                                 position_ids=positions.to(device), cache=cache if width else None,
-                                 ).logits.squeeze(-1).float().cpu()
+                                 position_ids=positions.to(device), cache=cache).logits.squeeze(-1).float().cpu()
         self.tokens += int(prefix_mask.sum()) + int(rest_mask.sum())
         out = []
         for row, (_, scored) in enumerate(pairs):

@@ -9,7 +9,8 @@ import pytest
 from pipeline.config import DecodingConfig
 from pipeline.decoding import Decoder, ceilings, faithfulness_probes, inconsistency, swapped
 from pipeline.search import (
-    Line, Node, backpropagate, beam_search, best_terminal, mcts, prefix, prm_mcts, select, tree_paths, ucb,
+    Line, Node, backpropagate, beam_search, best_terminal, mcts, newline_ids, prefix, prm_mcts, select, tree_paths,
+    ucb,
 )
 
 PROMPT = "Question: what?\n"
@@ -150,6 +151,15 @@ def test_decoder_maj_and_best_of_n_on_the_same_samples():
     assert out["prm_best_of_n"]["prm_tokens_per_question"] > 0
     assert out["prm_best_of_n"]["seconds_per_question"] >= 3.0  # the sampling it reuses counts
     assert out["prm_best_of_n"]["ceilings"]["pass_at_n"] == 1.0
+
+
+def test_newline_ids_are_every_token_whose_text_holds_a_newline():
+    from pipeline.models import train_tokenizer
+
+    tokenizer = train_tokenizer(["Step 1: It is 5.\nAnswer: 5\n\n", "Chart: bar.\nQuestion: what?\n"] * 20,
+                                vocab_size=300)
+    one_by_one = [i for i in sorted(tokenizer.get_vocab().values()) if "\n" in tokenizer.decode([i])]
+    assert newline_ids(tokenizer) == one_by_one and one_by_one
 
 
 def test_ceilings_of_best_of_n_a_perfect_outcome_and_a_perfect_step_verifier():
