@@ -15,9 +15,10 @@ import time
 from collections.abc import Sequence
 
 from pipeline.config import DecodingConfig
-from pipeline.evaluation import accuracy_by, majority_vote, score
+from pipeline.evaluation import _accuracy, accuracy_by, majority_vote, score
 from pipeline.grading import extract_answer
 from pipeline.prm import is_terminal, line_labels, scored_lines
+from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, beam_search, prm_mcts
 
 PRM_STRATEGIES = ("prm_best_of_n", "prm_beam", "prm_mcts")
@@ -30,7 +31,7 @@ def strategy_metrics(rows: Sequence[dict], texts: Sequence[str], *, tokens: floa
     n = max(len(rows), 1)
     return {
         "questions": len(rows),
-        "accuracy": round(sum(r["correct"] for r in graded) / n, 4),
+        "accuracy": _accuracy(graded),
         "by_task_type": accuracy_by(graded, "task_type"),
         "tokens_per_question": round(tokens / n, 1),
         "prm_tokens_per_question": round(prm_tokens / n, 1),
@@ -70,34 +71,30 @@ class Decoder:
                 texts = [_voted(row, [t for t, _ in s[: cfg.n]]) for row, s in zip(rows, samples)]
                 out[strategy] = strategy_metrics(rows, texts, tokens=sample_tokens, seconds=share)
             elif strategy == "prm_best_of_n":
-                picked: dict = {}
-                out[strategy] = self._timed(rows, lambda: self._best_of_n(prompts, samples, picked), sample_tokens,
+                candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
+                scores: list[list[float]] = []
+                out[strategy] = self._timed(rows, lambda: self._best_of_n(prompts, candidates, scores), sample_tokens,
                                             share)
-                out[strategy]["ceilings"] = ceilings(rows, picked["candidates"], picked["scores"])
+                out[strategy]["ceilings"] = ceilings(rows, candidates, scores)
             elif strategy == "prm_beam":
                 out[strategy] = self._timed(rows, lambda: beam_search(
-                    prompts, self.policy, self._score, n=cfg.n, width=cfg.beam_width, max_steps=cfg.max_steps,
+                    prompts, self.policy, self.scorer.score, n=cfg.n, width=cfg.beam_width, max_steps=cfg.max_steps,
                     how=cfg.aggregation))
             elif strategy == "prm_mcts":
                 out[strategy] = self._timed(rows, lambda: prm_mcts(
-                    prompts, self.policy, self._score, iterations=cfg.mcts_iterations, children=cfg.mcts_children,
+                    prompts, self.policy, self.scorer.score, iterations=cfg.mcts_iterations, children=cfg.mcts_children,
                     c=cfg.ucb_c, max_steps=cfg.max_steps))
         return out
 
-    def _score(self, prompts, paths):
-        return self.scorer.score(prompts, paths)
-
-    def _best_of_n(self, prompts: Sequence[str], samples, picked: dict) -> list[str]:
-        """The N samples' best by PRM score; `picked` gets the candidates and their scores per question."""
-        candidates = [[t for t, _ in s[: self.cfg.n]] for s in samples]
+    def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]], scores: list) -> list[str]:
+        """Each question's candidate the PRM scores highest; `scores` receives every candidate's score."""
         flat_prompts = [p for p, texts in zip(prompts, candidates) for _ in texts]
         flat = self.scorer.score_completions(flat_prompts, [t for texts in candidates for t in texts],
                                              self.cfg.aggregation)
-        scores, i = [], 0
+        i = 0
         for texts in candidates:
             scores.append(flat[i : i + len(texts)])
             i += len(texts)
-        picked.update(candidates=candidates, scores=scores)
         # ties: the first sample
         return [texts[group.index(max(group))] if group else "" for texts, group in zip(candidates, scores)]
 
@@ -129,7 +126,8 @@ def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: 
     A step verifier cannot beat `step_oracle`: when it is below greedy, step labels are the limit, not the PRM.
     """
     n_questions = max(len(rows), 1)
-    right = [[score(row, text, 0)["correct"] for text in texts] for row, texts in zip(rows, candidates)]
+    right = [[is_correct(text, row["answer"], row["answer_type"]) for text in texts]
+             for row, texts in zip(rows, candidates)]
     clean = [[steps_right(row, text) for text in texts] for row, texts in zip(rows, candidates)]
     oracle = 0
     for ok, good, group in zip(right, clean, scores):

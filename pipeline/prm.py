@@ -226,10 +226,11 @@ class PRMScorer:
         groups = list(members.values())
         # A pair alone has nothing to share: it is read in one piece.
         cuts = [shared_prefix([pairs[r][0] for r in rows]) if len(rows) > 1 else 0 for rows in groups]
-        group_of = torch.empty(len(pairs), dtype=torch.long)
+        group_of = [0] * len(pairs)
         for g, rows in enumerate(groups):
-            group_of[rows] = g
-        cut_of = [cuts[g] for g in group_of.tolist()]
+            for r in rows:
+                group_of[r] = g
+        cut_of = [cuts[g] for g in group_of]
         prefix_ids, prefix_mask = pad([pairs[rows[0]][0][:cut] for rows, cut in zip(groups, cuts)], self.pad_id,
                                       left=True)
         rest_ids, rest_mask = pad([ids[cut:] for (ids, _), cut in zip(pairs, cut_of)], self.pad_id)
@@ -242,17 +243,17 @@ class PRMScorer:
             prefix_logits = self.model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
                                        position_ids=positions.to(device), cache=cache, use_cache=True,
                                        ).logits.squeeze(-1).float().cpu()
-            cache.batch_select_indices(group_of.to(device))  # one cache row per pair, shared rows copied
-        mask = torch.cat([prefix_mask[group_of], rest_mask], dim=1)
+            cache.batch_select_indices(torch.tensor(group_of, device=device))  # one cache row per pair
+        mask = torch.cat([prefix_mask[torch.tensor(group_of)], rest_mask], dim=1)
         positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_ids.shape[1]).unsqueeze(0)
         rest_logits = self.model(input_ids=rest_ids.to(device), attention_mask=mask.to(device),
                                  position_ids=positions.to(device), cache=cache).logits.squeeze(-1).float().cpu()
         self.tokens += int(prefix_mask.sum()) + int(rest_mask.sum())
+        prefix_probs, rest_probs = torch.sigmoid(prefix_logits).tolist(), torch.sigmoid(rest_logits).tolist()
         out = []
         for row, (_, scored) in enumerate(pairs):
-            g, cut = int(group_of[row]), cut_of[row]
-            picked = [prefix_logits[g, width - cut + p] if p < cut else rest_logits[row, p - cut] for p in scored]
-            out.append(torch.sigmoid(torch.stack(picked)).tolist())
+            g, cut = group_of[row], cut_of[row]
+            out.append([prefix_probs[g][width - cut + p] if p < cut else rest_probs[row][p - cut] for p in scored])
         return out
 
     def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:

@@ -188,12 +188,16 @@ def mcts(prompts: Sequence[str], policy: StepPolicy, evaluate: Evaluator, *, ite
     return roots
 
 
+def mean_value(node: Node) -> float:
+    """The mean value of the nodes on a node's path (PRM-MCTS ranks paths by it)."""
+    path = node.path()
+    return sum(p.value for p in path) / len(path)
+
+
 def best_terminal(root: Node) -> Node | None:
     """The terminal node whose path has the highest mean value (PRM-MCTS's answer); None if there is none."""
     terminals = [n for n in root.walk() if n.terminal and n.parent is not None]
-    if not terminals:
-        return None
-    return max(terminals, key=lambda n: sum(p.value for p in n.path()) / len(n.path()))
+    return max(terminals, key=mean_value) if terminals else None
 
 
 def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, n: int, width: int,
@@ -221,7 +225,7 @@ def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, 
         line_scores = score([prompts[i] for i, _, _ in flat], [path for _, path, _ in flat])
         by_question: dict[int, list] = {}
         for (i, path, terminal), scores in zip(flat, line_scores):
-            by_question.setdefault(i, []).append((scores[-1] if scores else 0.0, path, terminal, scores))
+            by_question.setdefault(i, []).append((aggregate(scores, "last"), path, terminal, scores))
         for i in range(len(prompts)):
             kept = sorted(by_question.get(i, []), key=lambda c: -c[0])[:width]
             beams[i] = [(path, scores) for _, path, terminal, scores in kept if not terminal]
@@ -240,7 +244,7 @@ def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, ite
     """
     def evaluate(owners: list[int], nodes: list[Node]) -> list[float]:
         scores = score([prompts[i] for i in owners], [node.lines for node in nodes])
-        return [s[-1] if s else 0.0 for s in scores]
+        return [aggregate(s, "last") for s in scores]
 
     roots = mcts(prompts, policy, evaluate, iterations=iterations, children=children, c=c, max_steps=max_steps)
     answers: list[str] = [""] * len(prompts)
@@ -252,7 +256,7 @@ def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, ite
             continue
         nodes = [node for node in root.walk() if node.parent is not None]
         if nodes:
-            unfinished.append((i, max(nodes, key=lambda n: sum(p.value for p in n.path()) / len(n.path())).lines))
+            unfinished.append((i, max(nodes, key=mean_value).lines))
     for (i, path), rest in zip(unfinished, policy.complete([prefix(prompts[i], p) for i, p in unfinished])):
         answers[i] = prefix("", path) + rest
     return answers

@@ -90,7 +90,7 @@ def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
     start = time.perf_counter()
     for row in rows:
         try:
-            parse_table(row["table"])
+            table = parse_table(row["table"])
         except ValueError as exc:
             log.warning("animate: skipping %s, its table is malformed (%s)", row["id"], exc)
             bad_tables.append(row["id"])
@@ -102,7 +102,7 @@ def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
                 log.warning("animate: skipping %s, source image %s is unreadable (%s)", row["id"], image, problem)
                 skipped.append(image)
                 continue
-        sample = make_sample(row, cfg, backend)
+        sample = make_sample(row, cfg, backend, table)
         if sample.reasons:
             rejected.update(sample.reasons)
             rejected["any"] += 1

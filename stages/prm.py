@@ -69,10 +69,10 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
     for how in AGGREGATIONS:
         won = pairs = 0.0
         for items in by_question.values():
-            for y_a, s_a in items:
-                for y_b, s_b in items:
+            scored = [(y, aggregate(s, how)) for y, s in items]
+            for y_a, a in scored:
+                for y_b, b in scored:
                     if y_a > y_b:
-                        a, b = aggregate(s_a, how), aggregate(s_b, how)
                         pairs += 1
                         won += 1.0 if a > b else 0.5 if a == b else 0.0
         out[f"pair_accuracy_{how}"] = round(won / pairs, 4) if pairs else None

@@ -28,11 +28,11 @@ from pipeline import paths
 from pipeline.config import PRMDataConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
-from pipeline.grading import extract_answer, grade
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
 from pipeline.prm import auroc, line_labels, log_boost, scored_lines
+from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, mcts, rollout_evaluator, tree_paths
 
 STEP_LABEL_SCHEMA = pa.schema(
@@ -65,8 +65,7 @@ def mcts_rows(cfg: PRMDataConfig, policy: StepPolicy, questions: list[dict]) -> 
     prompts = [q["prompt"] for q in questions]
 
     def reward(i: int, text: str) -> float:
-        q = questions[i]
-        return float(grade(extract_answer(text), q["answer"], q["answer_type"]))
+        return float(is_correct(text, questions[i]["answer"], questions[i]["answer_type"]))
 
     roots = mcts(prompts, policy, rollout_evaluator(prompts, policy, reward), iterations=cfg.iterations,
                  children=cfg.children, c=cfg.ucb_c, max_steps=cfg.max_steps)

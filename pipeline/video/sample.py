@@ -104,13 +104,16 @@ def parse_table(text) -> dict:
         raise ValueError(f"table values are not numbers ({exc})") from None
     if values.shape != (len(table["categories"]), len(table["series"])) or values.size == 0:
         raise ValueError(f"table values have shape {values.shape}, not (categories, series)")
+    if not np.isfinite(values).all():
+        raise ValueError("table values include NaN or infinity")
     if len(table["colours"]) < values.shape[0 if table["colour_by"] == "category" else 1]:
         raise ValueError(f"table has {len(table['colours'])} colours, fewer than its marks' {table['colour_by']}s")
     return table
 
 
-def make_sample(row: dict, cfg, backend) -> Sample:
-    table = parse_table(row["table"])
+def make_sample(row: dict, cfg, backend, table: dict | None = None) -> Sample:
+    """One row's clips, scores, filter verdicts and questions; `table` is the row's parsed table when the caller has it."""
+    table = parse_table(row["table"]) if table is None else table
     seed = sample_seed(cfg.seed, row["id"])
     plan = make_plan(table, cfg, seed)
     clips = backend.clips(plan)

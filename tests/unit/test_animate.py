@@ -385,8 +385,14 @@ def test_corrupted_source_image_is_skipped_and_counted(tmp_path, monkeypatch):
     assert len(list((out / "clips").glob("*.mp4"))) == 4
 
 
+def _non_finite_table() -> str:
+    t = table("bar")
+    t["values"] = [[float("nan")] + list(row[1:]) for row in t["values"]]
+    return json.dumps(t)  # json writes and reads NaN
+
+
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"chart_type": "bar"}), None,
-                                  json.dumps({**table("bar"), "values": [[1], [2]]})])
+                                  json.dumps({**table("bar"), "values": [[1], [2]]}), _non_finite_table()])
 def test_malformed_table_is_skipped_and_counted(tmp_path, monkeypatch, text):
     from stages.animate import run
 
