@@ -5,8 +5,9 @@ frame with matplotlib, at the same size (the default 320 x 240), on one core.
 Both draw the first `--tables` training tables at each frame's values (the data
 dynamics of pipeline/video/sample.py) and return an RGB array moved by the same
 camera warp, so the ratio is the renderer's alone: PIL rasterisation
-(pipeline/video/render.py) against a fresh matplotlib Figure per frame (the
-chart code of pipeline/cof/render.py, Agg canvas to array). Needs
+(pipeline/video/render.py) against a fresh matplotlib Figure per frame
+(pipeline/cof/render.chart_figure, the synthesize stage's own chart code with
+its layout pass, Agg canvas to array; only the PNG encoding is left out). Needs
 data/synthesize (dvc repro synthesize).
 """
 
@@ -17,34 +18,21 @@ import json
 import time
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from PIL import Image
 
 from pipeline import paths
-from pipeline.cof.render import DRAW
+from pipeline.cof.render import chart_figure
 from pipeline.config import load_section
 from pipeline.io import read_rows
 from pipeline.video.render import Scene, draw, warp
 from pipeline.video.sample import make_plan, sample_seed
 
 
-def matplotlib_frame(table: dict, values: np.ndarray, width: int, height: int, dpi: int = 80) -> np.ndarray:
-    """One frame re-plotted from scratch, as pipeline/cof/render.py draws a chart."""
-    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
-    canvas = FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_title(f"{table['title']} ({table['unit']})", fontsize=9)
-    frame_table = {**table, "values": values.tolist()}
-    if table["chart_type"] == "pie":
-        ax.pie(values[:, 0], labels=table["categories"], colors=table["colours"], startangle=90, counterclock=False,
-               textprops={"fontsize": 7})
-    else:
-        DRAW[table["chart_type"]](ax, frame_table)
-        ax.set_xticks(range(len(table["categories"])), table["categories"], fontsize=7)
-        ax.tick_params(axis="y", labelsize=7)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3]
+def matplotlib_frame(table: dict, values: np.ndarray) -> np.ndarray:
+    """One frame re-plotted from scratch by the pipeline's own chart code (pipeline/cof/render.py)."""
+    fig = chart_figure({**table, "values": values.tolist()})
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3]
 
 
 def main() -> None:
@@ -68,8 +56,8 @@ def main() -> None:
         return n / (time.perf_counter() - start)
 
     procedural = run(lambda plan, values: draw(plan.layout, Scene.of(plan.table, values))[0])
-    replot = run(lambda plan, values: matplotlib_frame(plan.table, values, cfg.width, cfg.height))
-    shape = matplotlib_frame(plans[0].table, plans[0].frame_values[0], cfg.width, cfg.height).shape
+    replot = run(lambda plan, values: matplotlib_frame(plan.table, values))
+    shape = matplotlib_frame(plans[0].table, plans[0].frame_values[0]).shape
     print(f"{len(plans)} tables x {cfg.frames} frames at {cfg.width} x {cfg.height} (matplotlib array {shape[1]} x {shape[0]})")
     print(f"procedural (PIL raster + camera warp): {procedural:.0f} frames/s")
     print(f"matplotlib re-plot per frame (+ the same warp): {replot:.0f} frames/s")

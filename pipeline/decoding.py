@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from pipeline.config import DecodingConfig
 from pipeline.evaluation import _accuracy, accuracy_by, majority_vote, score
-from pipeline.grading import extract_answer
+from pipeline.grading import extract_answer, yes_no
 from pipeline.prm import is_terminal, line_labels, scored_lines
 from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, beam_search, prm_mcts
@@ -178,10 +178,6 @@ def faithfulness_probes(rows: Sequence[dict]) -> list[tuple[dict, str]]:
 
 def inconsistency(answers: Sequence[tuple[str | None, str | None]]) -> dict:
     """Both orders answered alike (Yes/Yes or No/No) is an inconsistency; a pair without two yes/no answers is unanswered."""
-    def yes_no(a: str | None) -> str | None:
-        a = (a or "").strip().lower().rstrip(".")
-        return a if a in ("yes", "no") else None
-
     answered = [(yes_no(a), yes_no(b)) for a, b in answers]
     both = [(a, b) for a, b in answered if a is not None and b is not None]
     return {

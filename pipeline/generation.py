@@ -62,6 +62,23 @@ def generate(
     return results
 
 
+def pad_id(tokenizer) -> int:
+    """The id that pads a batch: the pad token, or EOS for a tokenizer without one (masked out either way)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of token sequences padded to the longest, on the right or on the left."""
+    width = max((len(seq) for seq in sequences), default=0)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            span = slice(width - len(seq), width) if left else slice(0, len(seq))
+            ids[row, span], mask[row, span] = torch.tensor(list(seq)), 1
+    return ids, mask
+
+
 @torch.inference_mode()
 def decode(
     model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, sample=None, stop_ids: Sequence[int] = ()
@@ -71,8 +88,8 @@ def decode(
     Unlike `model.generate`, a row that has emitted EOS leaves the batch (its cache
     rows are dropped), so a batch does not keep paying for finished sequences
     while its longest one runs on: 2-3x more tokens/s for sampled traces here
-    (bench/teacher_sampling.py). `sample` is (temperature, top_p, torch.Generator)
-    or (temperature, top_p, torch.Generator, top_k), or None for greedy decoding.
+    (bench/teacher_sampling.py). `sample` is (temperature, top_p, torch.Generator, top_k)
+    (top_k 0: no top-k cut), or None for greedy decoding.
     `stop_ids` end a row like EOS does (the newline token: one reasoning step at a time).
     """
     from transformers import DynamicCache
@@ -110,7 +127,7 @@ def _pick(logits: torch.Tensor, sample) -> torch.Tensor:
     """Greedy argmax, or temperature + top-k + nucleus (top-p) sampling from the given generator."""
     if sample is None:
         return logits.argmax(-1)
-    temperature, top_p, rng, top_k = (*sample, 0) if len(sample) == 3 else sample
+    temperature, top_p, rng, top_k = sample
     logits = logits.float()
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]

@@ -99,11 +99,17 @@ def extract_steps(completion: object) -> list[str]:
     return [step_value(line) or "" for line in lines if line.startswith(STEP_PREFIX)]
 
 
+def yes_no(text: object) -> str | None:
+    """"yes" or "no" for a binary answer however written ("Yes.", " NO"), else None."""
+    s = _normalize(text) if isinstance(text, str) else None
+    return s if s in ("yes", "no") else None
+
+
 def infer_answer_type(value: str) -> str:
     """"number" if `value` parses as one, "binary" for yes/no, else "text"."""
     if parse_number(value) is not None:
         return "number"
-    if isinstance(value, str) and _normalize(value) in ("yes", "no"):
+    if yes_no(value) is not None:
         return "binary"
     return "text"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pipeline.generation import pad, pad_id
 from pipeline.grading import ANSWER_PREFIX, STEP_PREFIX, extract_answer, grade, infer_answer_type, step_value
 from pipeline.io import InputError
 
@@ -115,21 +116,9 @@ def shared_prefix(sequences: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) of token sequences padded to the longest, on the right or on the left."""
-    width = max((len(seq) for seq in sequences), default=0)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            span = slice(width - len(seq), width) if left else slice(0, len(seq))
-            ids[row, span], mask[row, span] = torch.tensor(list(seq)), 1
-    return ids, mask
-
-
-def collate(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(features: Sequence[dict], pad_value: int) -> dict[str, torch.Tensor]:
     """Right-padded ids and mask, and the scored positions with their labels and kinds (-1 pads)."""
-    ids, mask = pad([f["input_ids"] for f in features], pad_id)
+    ids, mask = pad([f["input_ids"] for f in features], pad_value)
     slots = max(len(f["positions"]) for f in features)
     positions = torch.full((len(features), slots), -1, dtype=torch.long)
     labels = torch.zeros((len(features), slots), dtype=torch.float)
@@ -172,7 +161,7 @@ class PRMScorer:
 
     def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad_id(tokenizer)
         self.tokens = 0  # tokens read so far (the PRM's share of a decoding strategy's cost)
 
     @classmethod

@@ -19,8 +19,10 @@ from pipeline import paths
 from pipeline.plots import heatmap
 
 
-def evaluated_models(dvc_file: Path = Path("dvc.yaml"), root: Path = paths.METRICS) -> list[str]:
-    """The models of the `evaluate` matrix in dvc.yaml; without one, every metrics/evaluate/*.json by name."""
+def evaluated_models(root: Path = paths.METRICS) -> list[str]:
+    """The models of the `evaluate` matrix in the dvc.yaml beside `root` (the project's metrics folder); without
+    one, every <root>/evaluate/*.json by name."""
+    dvc_file = root.parent / "dvc.yaml"
     if dvc_file.exists():
         return list(yaml.safe_load(dvc_file.read_text())["stages"]["evaluate"]["matrix"]["model"])
     return sorted(f.stem for f in (root / "evaluate").glob("*.json"))

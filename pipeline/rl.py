@@ -28,7 +28,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from pipeline.config import GRPOStageConfig, RewardsConfig
-from pipeline.generation import decode
+from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
 from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed
 
@@ -74,12 +74,10 @@ class GuidedRollout:
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
     def sample(self, model, tokenizer, prompt_ids: list[list[int]], step: int) -> list[list[int]]:
-        width = max(map(len, prompt_ids))
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=model.device)
+        ids, mask = pad(prompt_ids, pad_id(tokenizer), left=True)
         rng = torch.Generator().manual_seed(self.seed * 1_000_003 + step)  # new draws every step, reproducible
-        return decode(model, ids, mask, self.max_new_tokens, tokenizer.eos_token_id, (self.temperature, self.top_p, rng))
+        return decode(model, ids.to(model.device), mask.to(model.device), self.max_new_tokens,
+                      tokenizer.eos_token_id, (self.temperature, self.top_p, rng, 0))
 
     def guide(self, prompts: list[str], completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
         """Replace the last `replay_samples` rollouts of each failing group with the gold rationale."""

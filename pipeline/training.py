@@ -225,6 +225,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     """Train a token-classification PRM in place on step-label rows; `cfg` is the `prm` section."""
     from transformers import TrainingArguments
 
+    from pipeline.generation import pad_id
     from pipeline.prm import LABEL_KINDS, collate, encode_many
 
     features, too_long = [], 0
@@ -251,10 +252,9 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         remove_unused_columns=False,  # the collator needs positions, labels and kinds
         **device_kwargs(),
     )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     before = snapshot(model)
     trainer = PRMTrainer(model=model, args=args, train_dataset=Dataset.from_list(features),
-                         data_collator=lambda batch: collate(batch, pad_id), callbacks=[dvclive_callback(live_dir)])
+                         data_collator=lambda batch: collate(batch, pad_id(tokenizer)), callbacks=[dvclive_callback(live_dir)])
     start = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - start

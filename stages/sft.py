@@ -15,16 +15,16 @@ summary into metrics/sft.json, the model into models/sft/.
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 
 from pipeline import paths
 from pipeline.config import DistillConfig, SFTConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
 from pipeline.models import load_model, save_model
 from pipeline.training import logit_distill, sft_train
-from pipeline.video.questions import mix_rows
 
 DISTILLED = paths.split_file("train", stage="distill")
 HARD = paths.split_file("hard", stage="distill")
@@ -38,6 +38,26 @@ def training_rows(source: str) -> tuple[list[dict], list[Path]]:
     if not rows:
         raise InputError(f"{', '.join(map(str, files))}: no training rows for sft.source={source}")
     return rows, files
+
+
+def temporal_rows(mix: float, n: int, seed: int) -> list[dict]:
+    """round(mix * n) temporal questions of data/animate (a seeded sample, in file order; all of them at most)."""
+    if mix <= 0:
+        return []
+    rows = read_rows(paths.animate_questions(), required=("prompt", "rationale"))
+    return sample_rows(rows, round(mix * n), random.Random(seed))
+
+
+def mix_rows(cfg: SFTConfig, rows: list[dict]) -> tuple[SFTConfig, list[dict], int]:
+    """`sft.mix`: (SFTConfig, phase-1 rows, temporal rows added); the temporal share comes on top of the
+    `max_train_samples` rows, so the truncation moves to here and the trainer keeps every mixed row."""
+    base = rows[: cfg.max_train_samples]
+    extra = temporal_rows(cfg.mix, len(base), cfg.seed)
+    if not extra:
+        return cfg, rows, 0
+    if cfg.max_train_samples is not None:
+        cfg = cfg.model_copy(update={"max_train_samples": len(base) + len(extra)})
+    return cfg, base + extra, len(extra)  # appended: the trainer's sampler shuffles
 
 
 def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, rows: list[dict], val_rows: list[dict],

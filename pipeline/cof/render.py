@@ -47,8 +47,8 @@ def _lines(ax, table: dict) -> None:
 DRAW = {"bar": _bars, "grouped_bar": _grouped, "stacked_bar": _stacked, "line": _lines}
 
 
-def render_chart(table: dict, path: Path) -> None:
-    """Write `table` as a PNG chart of its chart_type at `path` (parent folders created)."""
+def chart_figure(table: dict) -> Figure:
+    """`table` drawn as a chart of its chart_type on a bare Figure with an Agg canvas, laid out, not yet saved."""
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -71,5 +71,11 @@ def render_chart(table: dict, path: Path) -> None:
         if len(table["series"]) > 1:
             ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
+    return fig
+
+
+def render_chart(table: dict, path: Path) -> None:
+    """Write `table` as a PNG chart of its chart_type at `path` (parent folders created)."""
+    fig = chart_figure(table)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata={"Software": None})

@@ -22,11 +22,9 @@ from __future__ import annotations
 import json
 import random
 
-from pipeline import paths
 from pipeline.cof.tables import MARK_NOUNS, Obj, fmt_num, fmt_obj, fmt_objs, spans_series
 from pipeline.cof.verbalize import _operand
-from pipeline.io import read_rows
-from pipeline.video.edits import mark_name
+from pipeline.video.edits import _colour_of, mark_name
 
 CHAINS = ("change", "first_exceeding", "rises_throughout", "largest_change")
 
@@ -38,8 +36,7 @@ def _marks(table: dict) -> list[tuple[int, int]]:
 def _obj(table: dict, values, i: int, j: int) -> Obj:
     """Mark (i, j) at one frame as a Chain-of-Functions object, for its "Jan (2024) 11.5" text. The value is
     already text: fmt_obj prints it as given, and a frame's float (13.0) must read as fmt_num writes it (13)."""
-    colour = table["colours"][i if table["colour_by"] == "category" else j]
-    return Obj(table["categories"][i], table["series"][j], fmt_num(values[i][j]), colour, i)
+    return Obj(table["categories"][i], table["series"][j], fmt_num(values[i][j]), _colour_of(table, i, j), i)
 
 
 def format_video_prompt(table: dict, frame_values: list, frame_numbers: list[int], n_frames: int, question: str) -> str:
@@ -172,24 +169,3 @@ def temporal_questions(rng: random.Random, table: dict, frame_values: list, fram
             "task_type": task,
         })
     return rows
-
-
-def temporal_rows(mix: float, n: int, seed: int) -> list[dict]:
-    """round(mix * n) temporal questions of data/animate (a seeded sample, in file order; all of them at most)."""
-    if mix <= 0:
-        return []
-    rows = read_rows(paths.animate_questions(), required=("prompt", "rationale"))
-    picked = sorted(random.Random(seed).sample(range(len(rows)), min(len(rows), round(mix * n))))
-    return [rows[i] for i in picked]
-
-
-def mix_rows(cfg, rows: list[dict]) -> tuple:
-    """`sft.mix`: (SFTConfig, phase-1 rows, temporal rows added); the temporal share comes on top of the
-    `max_train_samples` rows, so the truncation moves to here and the trainer keeps every mixed row."""
-    base = rows[: cfg.max_train_samples]
-    extra = temporal_rows(cfg.mix, len(base), cfg.seed)
-    if not extra:
-        return cfg, rows, 0
-    if cfg.max_train_samples is not None:
-        cfg = cfg.model_copy(update={"max_train_samples": len(base) + len(extra)})
-    return cfg, base + extra, len(extra)  # appended: the trainer's sampler shuffles

@@ -168,7 +168,7 @@ def test_equal_pairs_are_read_once(tokenizer, prm):
 
 def test_collate_pads_right_and_marks_padding_positions():
     batch = collate([{"input_ids": [5, 6, 7], "positions": [1, 2], "line_labels": [1.0, 0.0], "kind": 0},
-                     {"input_ids": [8], "positions": [0], "line_labels": [0.5], "kind": 1}], pad_id=0)
+                     {"input_ids": [8], "positions": [0], "line_labels": [0.5], "kind": 1}], pad_value=0)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["score_positions"].tolist() == [[1, 2], [0, -1]]

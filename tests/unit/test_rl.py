@@ -179,15 +179,18 @@ def test_models_markdown_puts_models_side_by_side_with_the_rl_yardstick(tmp_path
 
     from pipeline.orchestrate import models_markdown
 
-    (tmp_path / "evaluate").mkdir()
+    root = tmp_path / "metrics"
+    (root / "evaluate").mkdir(parents=True)
+    # The order comes from the evaluate matrix of the dvc.yaml beside the metrics folder, not from file names.
+    (tmp_path / "dvc.yaml").write_text("stages:\n  evaluate:\n    matrix:\n      model: [teacher, sft, grpo]\n")
     for name, acc in (("sft", 0.32), ("grpo", 0.33)):
-        (tmp_path / "evaluate" / f"{name}.json").write_text(json.dumps({
+        (root / "evaluate" / f"{name}.json").write_text(json.dumps({
             "accuracy": acc, "accuracy_ood": 0.06, "step_accuracy": 0.2, "pass_at_4": 0.5, "maj_at_4": 0.3,
             "sampled": {"k": 4, "sampled_accuracy": 0.26}, "tokens_per_question": 45.0}))
-    (tmp_path / "grpo.json").write_text(json.dumps({"algorithm": "grpo", "steps": 45, "rollouts": 2880, "p0": 0.31,
-                                                    "p_star": 1.0, "success_prompts": 200, "p_before": 0.3,
-                                                    "p_after": 0.34}))
-    table = models_markdown(tmp_path).splitlines()
+    (root / "grpo.json").write_text(json.dumps({"algorithm": "grpo", "steps": 45, "rollouts": 2880, "p0": 0.31,
+                                                "p_star": 1.0, "success_prompts": 200, "p_before": 0.3,
+                                                "p_after": 0.34}))
+    table = models_markdown(root).splitlines()
     assert table[2] == "| sft | 0.32 | 0.06 | 0.2 | 0.5 (k=4) | 0.3 | 0.26 | 45.0 |"
-    assert table[3].startswith("| grpo | 0.33 |") and len(table) == 6  # no teacher, dpo or sft_extended files
+    assert table[3].startswith("| grpo | 0.33 |") and len(table) == 6  # no teacher file: no teacher row
     assert "p0 = 0.31" in table[5] and "0.3 before, 0.34 after" in table[5]

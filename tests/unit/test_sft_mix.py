@@ -13,7 +13,7 @@ def _questions(tmp_path, n: int) -> None:
 
 
 def test_mix_zero_keeps_sft_as_it_was(tmp_path, monkeypatch):
-    from pipeline.video.questions import mix_rows
+    from stages.sft import mix_rows
 
     monkeypatch.chdir(tmp_path)  # no data/animate here: mix 0 must not read it
     rows = [{"prompt": f"p{k}", "rationale": "Answer: 1"} for k in range(10)]
@@ -22,7 +22,7 @@ def test_mix_zero_keeps_sft_as_it_was(tmp_path, monkeypatch):
 
 
 def test_mix_adds_a_seeded_share_on_top_of_the_truncated_rows(tmp_path, monkeypatch):
-    from pipeline.video.questions import mix_rows
+    from stages.sft import mix_rows
 
     monkeypatch.chdir(tmp_path)
     _questions(tmp_path, 4)
@@ -43,7 +43,7 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
 
     import pipeline.teacher
     from pipeline.config import DistillConfig
-    from pipeline.video.questions import mix_rows
+    from stages.sft import mix_rows
     from stages import sft
 
     monkeypatch.chdir(tmp_path)
@@ -61,7 +61,9 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     tok = SimpleNamespace(get_vocab=dict)
     monkeypatch.setattr(sft, "sft_train", fake_sft_train)
     monkeypatch.setattr(sft, "logit_distill", fake_logit_distill)
-    monkeypatch.setattr(sft, "read_rows", lambda path, required=(): [{"prompt": "hard", "rationale": "Answer: 1"}])
+    real_read = sft.read_rows  # the hard set is faked; the temporal questions are read from disk
+    monkeypatch.setattr(sft, "read_rows", lambda path, required=(): (
+        [{"prompt": "hard", "rationale": "Answer: 1"}] if path == sft.HARD else real_read(path, required=required)))
     monkeypatch.setattr(pipeline.teacher, "load_local", lambda path: (None, tok))
     rows = [{"prompt": f"p{k}", "rationale": "Answer: 1"} for k in range(10)]
     distill = DistillConfig(method="logits")
