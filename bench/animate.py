@@ -1,7 +1,8 @@
 """python bench/animate.py [--tables 20] [--frames 16]
 
 Procedural frame rendering of the `animate` stage against re-plotting every
-frame with matplotlib, at the same size (the default 320 x 240), on one core.
+frame with matplotlib, at the same size (the default 320 x 240, the size of a
+synthesize chart; other `animate` sizes compare unequal frames), on one core.
 Both draw the first `--tables` training tables at each frame's values (the data
 dynamics of pipeline/video/sample.py) and return an RGB array moved by the same
 camera warp, so the ratio is the renderer's alone: PIL rasterisation

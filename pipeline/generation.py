@@ -1,8 +1,9 @@
-"""Batched sampling from a causal LM with a KV cache, and the `Sampler` protocol.
+"""Batched sampling from a causal LM with a KV cache, the `Sampler` protocol, and padding of token batches.
 
 Prompts are sorted by length before batching so that each batch pads little,
 then results are put back in the caller's order. Rows leave a batch as soon as
-they emit EOS (see `decode`).
+they emit EOS (see `decode`). `pad` and `pad_id` also serve GRPO's rollouts
+(pipeline/rl.py) and the PRM's batches (pipeline/prm.py, pipeline/training.py).
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ def pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(sequences: Sequence[Sequence[int]], fill: int, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of token sequences padded to the longest, on the right or on the left."""
     width = max((len(seq) for seq in sequences), default=0)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    ids = torch.full((len(sequences), width), fill, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:

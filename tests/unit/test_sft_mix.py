@@ -1,4 +1,4 @@
-"""sft.mix: temporal questions of data/animate added to SFT's phase-1 rows (stages/sft.py calls mix_rows)."""
+"""sft.mix: temporal questions of data/animate added to SFT's phase-1 rows (stages/sft.mix_rows)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
 
     import pipeline.teacher
     from pipeline.config import DistillConfig
-    from stages.sft import mix_rows
     from stages import sft
 
     monkeypatch.chdir(tmp_path)
@@ -70,7 +69,7 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
 
     def phases(cfg: SFTConfig, mixed: bool) -> list:
         calls.clear()
-        phase1 = mix_rows(cfg, rows)[:2] if mixed else None
+        phase1 = sft.mix_rows(cfg, rows)[:2] if mixed else None
         sft.run(cfg, distill, None, tok, rows, [], tmp_path / "work", tmp_path / "live", phase1)
         return list(calls)
 
