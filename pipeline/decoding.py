@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from pipeline.config import DecodingConfig
-from pipeline.evaluation import _accuracy, accuracy_by, majority_vote, score
+from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score
 from pipeline.grading import extract_answer, yes_no
 from pipeline.prm import is_terminal, line_labels, scored_lines
 from pipeline.rewards import is_correct
@@ -31,7 +31,7 @@ def strategy_metrics(rows: Sequence[dict], texts: Sequence[str], *, tokens: floa
     n = max(len(rows), 1)
     return {
         "questions": len(rows),
-        "accuracy": _accuracy(graded),
+        "accuracy": accuracy_of(graded),
         "by_task_type": accuracy_by(graded, "task_type"),
         "tokens_per_question": round(tokens / n, 1),
         "prm_tokens_per_question": round(prm_tokens / n, 1),

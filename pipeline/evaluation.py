@@ -35,7 +35,7 @@ def score(row: dict, completion: str, tokens: int) -> dict:
     }
 
 
-def _accuracy(records: Sequence[dict]) -> float:
+def accuracy_of(records: Sequence[dict]) -> float:
     return round(sum(r["correct"] for r in records) / len(records), 4) if records else 0.0
 
 
@@ -43,7 +43,7 @@ def accuracy_by(records: Iterable[dict], key: str) -> dict[str, float]:
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         groups[str(r[key])].append(r)
-    return {k: _accuracy(v) for k, v in sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0]))}
+    return {k: accuracy_of(v) for k, v in sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0]))}
 
 
 def summarize(records: Sequence[dict]) -> dict:
@@ -51,7 +51,7 @@ def summarize(records: Sequence[dict]) -> dict:
     steps_total = sum(r["steps_total"] for r in records)
     return {
         "n": len(records),
-        "accuracy": _accuracy(records),
+        "accuracy": accuracy_of(records),
         "step_accuracy": round(sum(r["steps_matched"] for r in records) / steps_total, 4) if steps_total else 0.0,
         "answer_line_rate": round(sum(r["prediction"] is not None for r in records) / max(len(records), 1), 4),
         "by_answer_type": accuracy_by(records, "answer_type"),

@@ -220,6 +220,7 @@ class PRMScorer:
             for r in rows:
                 group_of[r] = g
         cut_of = [cuts[g] for g in group_of]
+        rows_of_groups = torch.tensor(group_of)  # row r of the batch takes its group's prefix (cache and mask)
         prefix_ids, prefix_mask = pad([pairs[rows[0]][0][:cut] for rows, cut in zip(groups, cuts)], self.pad_id,
                                       left=True)
         rest_ids, rest_mask = pad([ids[cut:] for (ids, _), cut in zip(pairs, cut_of)], self.pad_id)
@@ -232,8 +233,8 @@ class PRMScorer:
             prefix_logits = self.model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
                                        position_ids=positions.to(device), cache=cache, use_cache=True,
                                        ).logits.squeeze(-1).float().cpu()
-            cache.batch_select_indices(torch.tensor(group_of, device=device))  # one cache row per pair
-        mask = torch.cat([prefix_mask[torch.tensor(group_of)], rest_mask], dim=1)
+            cache.batch_select_indices(rows_of_groups.to(device))  # one cache row per pair
+        mask = torch.cat([prefix_mask[rows_of_groups], rest_mask], dim=1)
         positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_ids.shape[1]).unsqueeze(0)
         rest_logits = self.model(input_ids=rest_ids.to(device), attention_mask=mask.to(device),
                                  position_ids=positions.to(device), cache=cache).logits.squeeze(-1).float().cpu()

@@ -68,7 +68,8 @@ def mark_name(table: dict, i: int, j: int) -> str:
     return f"the {table['categories'][i]} {noun}"
 
 
-def _colour_of(table: dict, i: int, j: int) -> str:
+def mark_colour(table: dict, i: int, j: int) -> str:
+    """The colour of mark (category i, series j): per category or per series, as the table colours its marks."""
     return table["colours"][i if table["colour_by"] == "category" else j]
 
 
@@ -108,7 +109,7 @@ def _edit(rng: random.Random, op: str, table: dict, i: int, j: int, vmax: float,
         unused = [c for c in COLOURS if c not in table["colours"]]
         if not unused:  # a chart that already shows every colour: a new one would repeat another mark's
             return None
-        old, new = _colour_of(table, i, j), rng.choice(unused)
+        old, new = mark_colour(table, i, j), rng.choice(unused)
         if by_series or table["chart_type"] == "line":
             what = f"the {table['series'][j]} series" if n_ser > 1 else "the line"
             return Edit(op, column, f"Recolour {what} from {old} to {new}.", series=j, colour=new)

@@ -24,7 +24,7 @@ import random
 
 from pipeline.cof.tables import MARK_NOUNS, Obj, fmt_num, fmt_obj, fmt_objs, spans_series
 from pipeline.cof.verbalize import _operand
-from pipeline.video.edits import _colour_of, mark_name
+from pipeline.video.edits import mark_colour, mark_name
 
 CHAINS = ("change", "first_exceeding", "rises_throughout", "largest_change")
 
@@ -36,7 +36,7 @@ def _marks(table: dict) -> list[tuple[int, int]]:
 def _obj(table: dict, values, i: int, j: int) -> Obj:
     """Mark (i, j) at one frame as a Chain-of-Functions object, for its "Jan (2024) 11.5" text. The value is
     already text: fmt_obj prints it as given, and a frame's float (13.0) must read as fmt_num writes it (13)."""
-    return Obj(table["categories"][i], table["series"][j], fmt_num(values[i][j]), _colour_of(table, i, j), i)
+    return Obj(table["categories"][i], table["series"][j], fmt_num(values[i][j]), mark_colour(table, i, j), i)
 
 
 def format_video_prompt(table: dict, frame_values: list, frame_numbers: list[int], n_frames: int, question: str) -> str:
