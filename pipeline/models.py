@@ -62,14 +62,24 @@ def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast) -> Q
     return model
 
 
-def load_model(path: Path | str, dtype: torch.dtype = torch.float32):
-    """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1)."""
+def default_device() -> torch.device:
+    """The GPU when there is one, else the CPU: where loaded models sample, score and train."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(path: Path | str, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1).
+
+    The model goes to `device` (default: `default_device()`), so that the stages that
+    sample (mine, prm_data, evaluate) use a GPU when there is one, as the trainers do.
+    """
     path = str(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
+    model.to(device or default_device())
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

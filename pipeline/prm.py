@@ -165,8 +165,11 @@ class PRMScorer:
         self.tokens = 0  # tokens read so far (the PRM's share of a decoding strategy's cost)
 
     @classmethod
-    def load(cls, path: Path | str, batch_size: int = 64) -> "PRMScorer":
+    def load(cls, path: Path | str, batch_size: int = 64, device: torch.device | str | None = None) -> "PRMScorer":
+        """A saved PRM on `device` (default: the GPU when there is one)."""
         from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+        from pipeline.models import default_device
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -175,7 +178,7 @@ class PRMScorer:
             raise InputError(f"{path}: cannot load the PRM: {exc}") from exc
         if model.config.num_labels != 1:
             raise InputError(f"{path}: a PRM has one score per token; this checkpoint has {model.config.num_labels}")
-        return cls(model, tokenizer, batch_size)
+        return cls(model.to(device or default_device()), tokenizer, batch_size)
 
     @torch.inference_mode()
     def score(self, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[list[float]]:

@@ -34,9 +34,12 @@ def snapshot(model) -> dict[str, torch.Tensor]:
 
 
 def weights_changed(before: dict[str, torch.Tensor], model) -> float:
-    """Share of parameter tensors that differ from `before` (0.0: training did nothing)."""
+    """Share of parameter tensors that differ from `before` (0.0: training did nothing).
+
+    A trainer may have moved the model to the GPU since `before` was taken on the CPU.
+    """
     after = model.state_dict()
-    changed = sum(not torch.equal(before[k], after[k]) for k in before)
+    changed = sum(not torch.equal(before[k], after[k].to(before[k].device)) for k in before)
     return changed / max(len(before), 1)
 
 
