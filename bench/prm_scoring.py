@@ -37,9 +37,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", type=int, default=512, help="candidate solutions scored")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the best counts")
+    parser.add_argument("--batch", type=int, default=None, help="paths per batch (default: evaluate's prm_batch_size)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    batch = load_section("evaluate", EvaluateConfig).decoding.prm_batch_size
+    batch = args.batch or load_section("evaluate", EvaluateConfig).decoding.prm_batch_size
     rows = read_rows(paths.split_file("val", "prm_data"))[: args.paths]
     batched = PRMScorer.load(paths.model_dir("prm"), batch_size=batch)
     single = PRMScorer(batched.model, batched.tokenizer, batch_size=1)
@@ -48,7 +49,8 @@ def main() -> None:
     read = {name: scorer.tokens // args.repeats for name, scorer in (("batched", batched), ("single", single))}
     worst = max(abs(a - b) for x, y in zip(fast_scores, slow_scores) for a, b in zip(x, y))
     lines = sum(len(r["steps"]) for r in rows)
-    print(f"{len(rows)} candidate solutions ({lines} scored lines), torch threads {torch.get_num_threads()}")
+    print(f"{len(rows)} candidate solutions ({lines} scored lines) on {batched.model.device}, "
+          f"torch threads {torch.get_num_threads()}")
     print(f"batched (batch {batch}):   {fast:8.1f} candidates/s, {read['batched']} tokens read")
     print(f"one at a time:        {slow:8.1f} candidates/s, {read['single']} tokens read")
     print(f"ratio: {fast / slow:.2f}x  (largest score difference {worst:.2e})")

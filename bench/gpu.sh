@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# bash bench/gpu.sh: the GPU checks in one go, on a lent GPU machine (results under $OUT, see BENCHMARKS.md).
+#
+# Installs nothing heavy: the machine's own torch, plus the pure-Python packages its image lacks, carried as
+# wheels in .whl/ (pydantic, trl, datasets, transformers of our version; bench/gpu.sh --fetch-wheels gets them
+# here). Needs models/ and data/ from `make run`. Each part has its own time limit inside $BUDGET seconds, so
+# that a slow part leaves the others their time and what finished is kept.
+set -u
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fetch-wheels" ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+    pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
+    trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.24.0
+  exit
+fi
+OUT=${OUT:-/tmp/gpu-out}
+BUDGET=${BUDGET:-500}
+START=$(date +%s)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRL_EXPERIMENTAL_SILENCE=1 PYTHONPATH=$PWD
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD
+fi
+
+# part NAME SECONDS COMMAND...: run with the smaller of SECONDS and what is left of BUDGET; output to $OUT/NAME.txt
+part() {
+  local name=$1 limit=$2; shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -le 5 ]; then echo "== $name: skipped, no time left"; return; fi
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "== $name: exit $? in $(( $(date +%s) - t0 )) s (limit $limit s)"
+  tr '\r' '\n' < "$OUT/$name.txt" | grep -v -E "Warning|warn|%\||LOAD REPORT|MISSING|^Key|^---|^score|^Notes|newly initialized|^ *$" \
+    | tail -n 25
+}
+
+part env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "
+import torch, transformers, trl, datasets, pyarrow, pydantic
+print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"-\")
+print(\"transformers\", transformers.__version__, \"trl\", trl.__version__, \"datasets\", datasets.__version__, \"pyarrow\", pyarrow.__version__, \"pydantic\", pydantic.__version__)"'
+part pytest 120 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/test_generation.py -q -p no:cacheprovider
+part prm_scoring 60 python3 bench/prm_scoring.py --repeats 2
+part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512
+part prm_variants 300 python3 bench/prm_variants.py --questions 300 --out "$OUT/prm_variants.jsonl" \
+  '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"perturbed": 2, "num_train_epochs": 4}' \
+  '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}}' \
+  '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}, "perturbed": 2}'
+part sft_step 60 python3 bench/sft_step.py --steps 30
+echo "== total $(( $(date +%s) - START )) s"
