@@ -1,0 +1,83 @@
+"""dvc.yaml lists the code each stage runs: a change to a module a stage imports must re-run that stage.
+
+Checked on module-level imports, followed through the `pipeline` package: those run
+whenever the stage runs. Imports inside functions are left out (a module imports
+some only for the functions one stage calls); Prefect plumbing (`pipeline/flows.py`)
+and path names (`pipeline/paths.py`) decide how and where a stage runs, not what it
+writes, so a change there re-runs nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUMBING = {"pipeline/flows.py", "pipeline/paths.py", "pipeline/__init__.py"}
+
+
+def module_file(name: str) -> Path | None:
+    for candidate in (ROOT / f"{name.replace('.', '/')}.py", ROOT / name.replace(".", "/") / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def module_imports(path: Path) -> set[str]:
+    """Absolute imports of `pipeline` modules at the top level of a file (`from pipeline.x import y` may be a module y)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    # Importing pipeline.cof.tables runs pipeline/cof/__init__.py first.
+    names |= {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 1)}
+    return {n for n in names if n.split(".")[0] == "pipeline"}
+
+
+def imported_files(start: Path) -> set[str]:
+    """Repository paths of every pipeline file `start` imports at module level, directly or through another."""
+    seen: set[Path] = set()
+    todo = [start]
+    while todo:
+        for name in module_imports(todo.pop()):
+            path = module_file(name)
+            if path is not None and path not in seen:
+                seen.add(path)
+                todo.append(path)
+    return {str(p.relative_to(ROOT)) for p in seen}
+
+
+def stages() -> list[tuple[str, str, list[str]]]:
+    """(stage name, module it runs, its deps) for every stage of dvc.yaml."""
+    dag = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    return [(name, stage["cmd"].split("-m ")[1].split()[0], stage["deps"]) for name, stage in dag.items()]
+
+
+def test_module_imports_follow_from_imports():
+    source = "import os\nfrom pipeline import io\nfrom pipeline.prm import auroc\n\ndef f():\n    import pipeline.rl\n"
+    path = ROOT / "tests" / "unit" / "_probe_module.py"
+    path.write_text(source)
+    try:
+        assert module_imports(path) == {"pipeline", "pipeline.io", "pipeline.prm", "pipeline.prm.auroc"}
+        path.write_text("from pipeline.cof.tables import Table\n")
+        assert module_imports(path) == {"pipeline", "pipeline.cof", "pipeline.cof.tables", "pipeline.cof.tables.Table"}
+    finally:
+        path.unlink()
+
+
+@pytest.mark.parametrize("name,module,deps", stages(), ids=[s[0] for s in stages()])
+def test_every_stage_depends_on_the_code_it_imports(name, module, deps):
+    start = module_file(module)
+    assert start is not None, f"dvc.yaml: stage {name} runs {module}, which does not exist"
+    assert str(start.relative_to(ROOT)) in deps, f"dvc.yaml: stage {name} does not depend on its own module"
+
+    def listed(path: str) -> bool:
+        return any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+
+    missing = sorted(p for p in imported_files(start) - PLUMBING if not listed(p))
+    assert not missing, f"dvc.yaml: stage {name} imports {missing} but does not list them under deps"
