@@ -72,42 +72,46 @@ class Decoder:
                 out[strategy] = strategy_metrics(rows, texts, tokens=sample_tokens, seconds=share)
             elif strategy == "prm_best_of_n":
                 candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
-                scores: list[list[float]] = []
-                out[strategy] = self._timed(rows, lambda: self._best_of_n(prompts, candidates, scores), sample_tokens,
-                                            share)
+                out[strategy], scores = self._timed(rows, lambda: self._best_of_n(prompts, candidates), sample_tokens,
+                                                    share)
                 out[strategy]["ceilings"] = ceilings(rows, candidates, scores)
             elif strategy == "prm_beam":
-                out[strategy] = self._timed(rows, lambda: beam_search(
+                out[strategy], _ = self._timed(rows, lambda: (beam_search(
                     prompts, self.policy, self.scorer.score, n=cfg.n, width=cfg.beam_width, max_steps=cfg.max_steps,
-                    how=cfg.aggregation))
+                    how=cfg.aggregation), None))
             elif strategy == "prm_mcts":
-                out[strategy] = self._timed(rows, lambda: prm_mcts(
+                out[strategy], _ = self._timed(rows, lambda: (prm_mcts(
                     prompts, self.policy, self.scorer.score, iterations=cfg.mcts_iterations, children=cfg.mcts_children,
-                    c=cfg.ucb_c, max_steps=cfg.max_steps))
+                    c=cfg.ucb_c, max_steps=cfg.max_steps), None))
         return out
 
-    def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]], scores: list) -> list[str]:
-        """Each question's candidate the PRM scores highest; `scores` receives every candidate's score."""
+    def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
+                   ) -> tuple[list[str], list[list[float]]]:
+        """(each question's candidate the PRM scores highest, every candidate's score)."""
         flat_prompts = [p for p, texts in zip(prompts, candidates) for _ in texts]
         flat = self.scorer.score_completions(flat_prompts, [t for texts in candidates for t in texts],
                                              self.cfg.aggregation)
-        i = 0
+        scores, i = [], 0
         for texts in candidates:
             scores.append(flat[i : i + len(texts)])
             i += len(texts)
         # ties: the first sample
-        return [texts[group.index(max(group))] if group else "" for texts, group in zip(candidates, scores)]
+        return [texts[group.index(max(group))] if group else "" for texts, group in zip(candidates, scores)], scores
 
-    def _timed(self, rows, run, tokens: float = 0, seconds: float = 0) -> dict:
-        """Run a strategy; its cost is what it adds (policy tokens, PRM tokens, seconds) plus what it reuses."""
+    def _timed(self, rows, run, tokens: float = 0, seconds: float = 0) -> tuple[dict, object]:
+        """Run a strategy: `run()` gives (one completion per question, anything else the caller keeps).
+
+        Returns the strategy's metrics, whose cost is what it adds (policy tokens, PRM
+        tokens, seconds) plus what it reuses, and the second item of `run()`.
+        """
         policy_before = self.policy.tokens if self.policy else 0
         prm_before = self.scorer.tokens
         start = time.perf_counter()
-        texts = run()
+        texts, extra = run()
         elapsed = time.perf_counter() - start
         generated = (self.policy.tokens - policy_before) if self.policy else 0
         return strategy_metrics(rows, texts, tokens=tokens + generated, seconds=seconds + elapsed,
-                                prm_tokens=self.scorer.tokens - prm_before)
+                                prm_tokens=self.scorer.tokens - prm_before), extra
 
 
 def steps_right(row: dict, completion: str) -> bool:
