@@ -72,6 +72,10 @@ def main() -> None:
             save_strategy="no", seed=cfg.seed,  # bf16 and checkpointing stay TRL's defaults
             use_cpu=not torch.cuda.is_available(),
         )
+        if torch.cuda.is_available():
+            # The first trainer of a process pays CUDA's start-up (context, kernels, allocator): an untimed run first,
+            # or the row measured first looks slower (it did on an H200: BENCHMARKS.md).
+            median_step(ours, rows)
         results = {
             "pipeline SFT": median_step(ours, rows),
             "raw TRL, same settings, random batches": median_step(raw_same, rows),
