@@ -3,8 +3,9 @@
 #
 # Installs nothing heavy: the machine's own torch, plus the pure-Python packages its image lacks, carried as
 # wheels in .whl/ (pydantic, trl, datasets, transformers of our version; bench/gpu.sh --fetch-wheels gets them
-# here). Needs models/ and data/ from `make run`. Each part has its own time limit inside $BUDGET seconds, so
-# that a slow part leaves the others their time and what finished is kept.
+# here; they are for the machine's Python, 3.12). Needs models/ and data/ from `make run`. Each part has its own
+# time limit and gets at most what is left of $BUDGET seconds (the limits add up to more: the last parts take
+# the slack), and what finished stays in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--fetch-wheels" ]; then
@@ -47,6 +48,6 @@ part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512
 part prm_variants 300 python3 bench/prm_variants.py --questions 300 --out "$OUT/prm_variants.jsonl" \
   '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"perturbed": 2, "num_train_epochs": 4}' \
   '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}}' \
-  '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}, "perturbed": 2}'
+  '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}, "num_train_epochs": 6}'
 part sft_step 60 python3 bench/sft_step.py --steps 30
-echo "== total $(( $(date +%s) - START )) s"
+echo "== total $(( $(date +%s) - START )) s" | tee "$OUT/total.txt"

@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForTokenClassification, TrainerCallback
+from transformers import AutoModelForTokenClassification, AutoTokenizer, TrainerCallback
 
 from pipeline import paths, training
-from pipeline.config import BaseModelConfig, EvaluateConfig, PRMConfig, PRMDataConfig, load_section
+from pipeline.config import BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig, load_section
+from pipeline.decoding import Decoder
 from pipeline.evaluation import majority_vote, score
 from pipeline.generation import LocalSampler
 from pipeline.grading import extract_answer, step_value
@@ -90,7 +91,7 @@ def perturbed_rows(questions: list[dict], copies: int, rng: random.Random) -> li
         lines = [line.strip() for line in q["rationale"].splitlines() if line.strip()]
         out.append({"prompt": q["prompt"], "steps": lines, "labels": line_labels(lines, q), "source": "gold"})
         steps = [line for line in lines if line.startswith("Step")]
-        for _ in range(copies):
+        for _ in range(copies if steps else 0):
             k = rng.randrange(len(steps))
             wrong = perturb_step(steps[k], q["prompt"], rng)
             if wrong is None or wrong == steps[k]:
@@ -115,7 +116,7 @@ def init_model(spec: dict, work: Path, cache: dict) -> Path:
     epochs = spec.pop("epochs", sft.num_train_epochs)
     base = load_section("base").model_copy(update=spec)
     BaseModelConfig.model_validate(base.model_dump())
-    _, tokenizer = load_model(paths.model_dir("base"), device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(str(paths.model_dir("base")))
     model = build_student(base, tokenizer)
     rows, val = read_rows(paths.split_file("train")), read_rows(paths.split_file("val"))
     cfg = sft.model_copy(update={"num_train_epochs": epochs, "eval_steps": 10**6})
@@ -132,17 +133,13 @@ def voted_right(row: dict, texts: list[str]) -> bool:
     return vote is not None and score(row, f"Answer: {vote}", 0)["correct"]
 
 
-def best_of_n(scorer: PRMScorer, rows: list[dict], samples: list[list[str]]) -> dict:
+def best_of_n(scorer: PRMScorer, rows: list[dict], samples: list[list[str]], decoding: DecodingConfig) -> dict:
+    """Best-of-N accuracy per aggregation of the line scores, picked by evaluate's own Decoder."""
     out = {}
-    prompts = [r["prompt"] for r, texts in zip(rows, samples) for _ in texts]
-    flat = [t for texts in samples for t in texts]
     for how in AGGREGATIONS:
-        scores, i, right = scorer.score_completions(prompts, flat, how), 0, 0
-        for row, texts in zip(rows, samples):
-            group = scores[i : i + len(texts)]
-            i += len(texts)
-            right += score(row, texts[group.index(max(group))], 0)["correct"]
-        out[how] = round(right / len(rows), 3)
+        decoder = Decoder(decoding.model_copy(update={"aggregation": how}), scorer)
+        picked, _ = decoder._best_of_n([r["prompt"] for r in rows], samples)
+        out[how] = round(sum(score(r, t, 0)["correct"] for r, t in zip(rows, picked)) / len(rows), 3)
     return out
 
 
@@ -151,8 +148,8 @@ def main() -> None:
     parser.add_argument("variants", nargs="+", help="JSON objects of overrides")
     parser.add_argument("--questions", type=int, default=200, help="test questions for best-of-N")
     parser.add_argument("--perturbed-questions", type=int, default=3000)
-    parser.add_argument("--limit", type=int, default=None, help="training paths per variant (smoke runs)")
-    parser.add_argument("--out", type=Path, default=None, help="also append one JSON line per variant here")
+    parser.add_argument("--limit", type=int, default=None, help="the first N training paths per variant, prm_data's before any perturbed ones (smoke runs)")
+    parser.add_argument("--out", type=Path, default=None, help="also append one JSON line per variant to this file")
     args = parser.parse_args()
     no_dvclive()
     base_cfg, data_cfg = load_section("prm", PRMConfig), load_section("prm_data", PRMDataConfig)
@@ -191,8 +188,8 @@ def main() -> None:
                 pool = sample_rows([q for q in questions if q["id"] not in used], args.perturbed_questions, rng)
                 rows = rows + perturbed_rows(pool, copies, rng)
             rows = rows[: args.limit]
-            start = time.perf_counter()
             folder = init_model(init, Path(tmp), cache) if init else paths.model_dir(data_cfg.policy)
+            start = time.perf_counter()  # the init's SFT is timed apart (it runs once per init, then is cached)
             torch.manual_seed(cfg.seed)
             model = AutoModelForTokenClassification.from_pretrained(str(folder), num_labels=1).to(default_device())
             trained = training.prm_train(cfg, model, tokenizer, rows, Path(tmp) / f"prm-{i}", Path(tmp) / "live")
@@ -204,7 +201,7 @@ def main() -> None:
                 "auroc": metrics["auroc"], "auroc_steps": metrics["auroc_steps"], "accuracy": metrics["accuracy"],
                 "ece": metrics["ece"], "pairs_mean": metrics["within_question"]["pair_accuracy_mean"],
                 "pairs_min": metrics["within_question"]["pair_accuracy_min"],
-                "best_of_n": best_of_n(scorer, test, samples),
+                "best_of_n": best_of_n(scorer, test, samples, ev.decoding),
             }
             print(json.dumps(result), flush=True)
             if args.out:
