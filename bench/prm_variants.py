@@ -12,7 +12,7 @@ Keys are `prm` params, and:
   (that step 0): contrast pairs that differ in one looked-up value;
 - "init": {base params} trains the PRM from a fresh LM of that size (vocabulary of
   models/base) SFT-trained on the gold rationales first ("epochs": SFT epochs,
-  default `sft.num_train_epochs`) instead of from the policy.
+  default `sft.num_train_epochs`; "sft": {other sft params}) instead of from the policy.
 Nothing under models/ or data/ changes. Needs data/prm_data and the policy (run `make run`).
 """
 
@@ -113,13 +113,14 @@ def init_model(spec: dict, work: Path, cache: dict) -> Path:
         return cache[key]
     spec = dict(spec)
     sft = load_section("sft")
-    epochs = spec.pop("epochs", sft.num_train_epochs)
+    epochs, sft_overrides = spec.pop("epochs", sft.num_train_epochs), spec.pop("sft", {})
     base = load_section("base").model_copy(update=spec)
     BaseModelConfig.model_validate(base.model_dump())
     tokenizer = AutoTokenizer.from_pretrained(str(paths.model_dir("base")))
     model = build_student(base, tokenizer)
     rows, val = read_rows(paths.split_file("train")), read_rows(paths.split_file("val"))
-    cfg = sft.model_copy(update={"num_train_epochs": epochs, "eval_steps": 10**6})
+    cfg = sft.model_copy(update={**sft_overrides, "num_train_epochs": epochs, "eval_steps": 10**6})
+    type(sft).model_validate(cfg.model_dump())
     metrics = training.sft_train(cfg, model, tokenizer, rows, val, work / "sft", work / "live")
     folder = work / f"init-{len(cache)}"
     save_model(model, tokenizer, folder)

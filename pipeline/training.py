@@ -30,13 +30,14 @@ def dvclive_callback(live_dir: Path):
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A copy of the weights in CPU memory (on a GPU a second copy there could cost as much as the model)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def weights_changed(before: dict[str, torch.Tensor], model) -> float:
     """Share of parameter tensors that differ from `before` (0.0: training did nothing).
 
-    A trainer may have moved the model to the GPU since `before` was taken on the CPU.
+    `before` is a CPU snapshot; the model may be on the GPU (where a trainer moved it, or where it was loaded).
     """
     after = model.state_dict()
     changed = sum(not torch.equal(before[k], after[k].to(before[k].device)) for k in before)
