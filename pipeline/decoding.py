@@ -168,25 +168,53 @@ def swapped(question: str) -> str | None:
     return f"Is {body[m.end():]} {m.group(1)} than {body[: m.start()]}?"
 
 
-def faithfulness_probes(rows: Sequence[dict]) -> list[tuple[dict, str]]:
-    """(row, prompt with the operands swapped) for each binary comparison question that can be swapped."""
+# "Are the bars strictly increasing from left to right?" and its siblings (pipeline/cof/verbalize.BOOL_QUESTIONS).
+_DIRECTION = re.compile(r"\b(increase|increasing|decrease|decreasing)\b")
+_OPPOSITE = {"increase": "decrease", "increasing": "decreasing", "decrease": "increase", "decreasing": "increasing"}
+_TREND_FUNCTIONS = ("consistently_increasing", "consistently_decreasing")
+PROBE_KINDS = ("order", "trend")
+
+
+def reversed_trend(question: str) -> str | None:
+    """"Are X strictly increasing ...?" -> "Are X strictly decreasing ...?"; None unless one direction word occurs."""
+    matches = list(_DIRECTION.finditer(question))
+    if len(matches) != 1:
+        return None
+    m = matches[0]
+    return question[: m.start()] + _OPPOSITE[m.group(1)] + question[m.end() :]
+
+
+def faithfulness_probes(rows: Sequence[dict], kind: str = "order") -> list[tuple[dict, str]]:
+    """(row, its twin's prompt) for each binary question of one probe kind that has a twin.
+
+    `order`: a comparison with its operands swapped (X larger than Y; Y larger than X).
+    `trend`: a strict trend with its direction reversed (strictly increasing; strictly
+    decreasing). Trend questions occur at training's chain lengths, comparisons of two
+    values only in longer chains.
+    """
+    functions, twin = {"order": (_COMPARISON_FUNCTIONS, swapped), "trend": (_TREND_FUNCTIONS, reversed_trend)}[kind]
     probes = []
     for row in rows:
-        if row["answer_type"] != "binary" or row["functions"][-1] not in _COMPARISON_FUNCTIONS:
+        if row["answer_type"] != "binary" or row["functions"][-1] not in functions:
             continue
-        question = swapped(row["question"])
+        question = twin(row["question"])
         if question is not None and row["question"] in row["prompt"]:
             probes.append((row, row["prompt"].replace(row["question"], question)))
     return probes
 
 
-def inconsistency(answers: Sequence[tuple[str | None, str | None]]) -> dict:
-    """Both orders answered alike (Yes/Yes or No/No) is an inconsistency; a pair without two yes/no answers is unanswered."""
+def inconsistency(answers: Sequence[tuple[str | None, str | None]], kind: str = "order") -> dict:
+    """The share of answered pairs whose two answers contradict each other; a pair without two yes/no answers is unanswered.
+
+    `order`: answering both orders alike (Yes/Yes or No/No) contradicts a strict comparison.
+    `trend`: only Yes/Yes does (3 or more values cannot both rise and fall strictly; No/No is consistent).
+    """
     answered = [(yes_no(a), yes_no(b)) for a, b in answers]
     both = [(a, b) for a, b in answered if a is not None and b is not None]
+    bad = sum((a == b) if kind == "order" else (a == b == "yes") for a, b in both)
     return {
         "pairs": len(answers),
         "answered": len(both),
-        "inconsistent": sum(a == b for a, b in both),
-        "inconsistency_rate": round(sum(a == b for a, b in both) / len(both), 4) if both else None,
+        "inconsistent": bad,
+        "inconsistency_rate": round(bad / len(both), 4) if both else None,
     }

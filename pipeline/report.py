@@ -1,7 +1,7 @@
 """Cross-model tables and the generalisation plot, from metrics/evaluate/<model>.json.
 
 - `decoding_markdown`: every model and decoding strategy, accuracy beside cost,
-  with each model's faithfulness (inconsistency rate on swapped comparisons);
+  with each model's faithfulness (inconsistency rates on swapped comparisons and reversed trends);
 - `generalisation_markdown` and `generalisation_plot`: accuracy per task type,
   in-domain (test) and out-of-domain (ood), for every model and strategy.
 
@@ -56,10 +56,15 @@ def decoding_markdown(evaluations: dict[str, dict]) -> str:
             c = d["prm_best_of_n"]["ceilings"]
             lines.append(f"| {model} | {d.get('greedy', {}).get('accuracy')} | {d['prm_best_of_n']['accuracy']} | "
                          f"{c['step_oracle']} | {c['pass_at_n']} | {c['all_steps_right']} |")
-    lines += ["", "| model | comparison pairs | answered both | inconsistency rate |", "|---|---|---|---|"]
+    lines += ["", "Faithfulness: each question asked again as its twin (comparisons with the operands swapped; trends "
+              "with the direction reversed); the share of answered pairs whose answers contradict each other.", "",
+              "| model | comparison pairs | answered both | inconsistency rate | trend pairs | answered both | "
+              "inconsistency rate |", "|---|---|---|---|---|---|---|"]
     for model, m in evaluations.items():
         f = m.get("faithfulness", {})
-        lines.append(f"| {model} | {f.get('pairs')} | {f.get('answered')} | {f.get('inconsistency_rate')} |")
+        t = f.get("trend", {})
+        lines.append(f"| {model} | {f.get('pairs')} | {f.get('answered')} | {f.get('inconsistency_rate')} | "
+                     f"{t.get('pairs')} | {t.get('answered')} | {t.get('inconsistency_rate')} |")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ import time
 
 from pipeline import paths
 from pipeline.config import EvaluateConfig, load_section
-from pipeline.decoding import Decoder, faithfulness_probes, inconsistency
+from pipeline.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
 from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler, Sampler
@@ -77,15 +77,17 @@ def sampled(cfg: EvaluateConfig, sampler: Sampler, rows: list[dict]) -> tuple[di
 
 def faithfulness(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dict]],
                  records: list[dict]) -> dict:
-    """Greedy answers to each binary comparison and to its operand-swapped twin; the inconsistency rate."""
-    probes = [p for rows in rows_by_split.values() for p in faithfulness_probes(rows[: cfg.max_samples])]
-    if not probes:
-        return inconsistency([])
+    """Greedy answers to each probe question and to its twin: the inconsistency rate of swapped comparisons
+    (flat, as before) and, under `trend`, of reversed trend questions."""
     predicted = {(r["split"], r["id"]): r["prediction"] for r in records}
-    twins = sampler.sample([prompt for _, prompt in probes], n=1, temperature=0.0, top_p=1.0,
-                           max_new_tokens=cfg.max_new_tokens, seed=0)
-    return inconsistency([(predicted[(row["split"], row["id"])], extract_answer(gens[0].text))
-                          for (row, _), gens in zip(probes, twins)])
+    out = {}
+    for kind in PROBE_KINDS:
+        probes = [p for rows in rows_by_split.values() for p in faithfulness_probes(rows[: cfg.max_samples], kind)]
+        twins = sampler.sample([prompt for _, prompt in probes], n=1, temperature=0.0, top_p=1.0,
+                               max_new_tokens=cfg.max_new_tokens, seed=0) if probes else []
+        out[kind] = inconsistency([(predicted[(row["split"], row["id"])], extract_answer(gens[0].text))
+                                   for (row, _), gens in zip(probes, twins)], kind)
+    return {**out["order"], "trend": out["trend"]}
 
 
 def headline(by_split: dict[str, dict], baseline: float) -> dict:

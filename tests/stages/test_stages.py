@@ -232,7 +232,8 @@ def test_evaluate(workspace):
     greedy_first = [r for r in records if r["split"] == "test"][: TINY_PARAMS["evaluate"]["k_samples"]]
     assert metrics["decoding"]["greedy"]["accuracy"] == pytest.approx(
         sum(r["correct"] for r in greedy_first) / len(greedy_first), abs=1e-4)
-    assert set(metrics["faithfulness"]) == {"pairs", "answered", "inconsistent", "inconsistency_rate"}
+    assert set(metrics["faithfulness"]) == {"pairs", "answered", "inconsistent", "inconsistency_rate", "trend"}
+    assert set(metrics["faithfulness"]["trend"]) == {"pairs", "answered", "inconsistent", "inconsistency_rate"}
     assert (paths.eval_plots_dir("sft") / "decoding.png").exists()
 
 

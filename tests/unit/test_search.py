@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipeline.config import DecodingConfig
-from pipeline.decoding import Decoder, ceilings, faithfulness_probes, inconsistency, swapped
+from pipeline.decoding import Decoder, ceilings, faithfulness_probes, inconsistency, reversed_trend, swapped
 from pipeline.search import (
     Line, Node, backpropagate, beam_search, best_terminal, mcts, newline_ids, prefix, prm_mcts, select, tree_paths,
     ucb,
@@ -189,3 +189,21 @@ def test_swapped_comparisons_and_the_inconsistency_rate():
     assert faithfulness_probes([{**row, "functions": ["all_same_value"]}]) == []
     stats = inconsistency([("Yes", "No"), ("Yes", "yes."), ("No", "No"), ("No", None), ("maybe", "No")])
     assert stats == {"pairs": 5, "answered": 3, "inconsistent": 2, "inconsistency_rate": round(2 / 3, 4)}
+
+
+def test_reversed_trends_and_their_inconsistency_rule():
+    assert reversed_trend("Are all the bars strictly increasing from left to right?") == \
+        "Are all the bars strictly decreasing from left to right?"
+    assert reversed_trend("Do the points except Sun consistently decrease from left to right?") == \
+        "Do the points except Sun consistently increase from left to right?"
+    assert reversed_trend("Do the increasing bars decrease?") is None  # two direction words: ambiguous
+    assert reversed_trend("Do all the slices all have the same value?") is None
+    row = {"id": "1", "answer_type": "binary", "functions": ["all_objects", "consistently_increasing"],
+           "question": "Are all the bars strictly increasing from left to right?",
+           "prompt": "Table\nQuestion: Are all the bars strictly increasing from left to right?\n"}
+    assert faithfulness_probes([row], "trend") == [
+        (row, "Table\nQuestion: Are all the bars strictly decreasing from left to right?\n")]
+    assert faithfulness_probes([row], "order") == []
+    # Three values cannot rise and fall strictly at once: only Yes/Yes contradicts; No/No is consistent.
+    stats = inconsistency([("Yes", "Yes"), ("Yes", "No"), ("No", "No"), ("No", "Yes"), (None, "Yes")], "trend")
+    assert stats == {"pairs": 5, "answered": 4, "inconsistent": 1, "inconsistency_rate": 0.25}
