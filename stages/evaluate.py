@@ -5,7 +5,8 @@ pipeline/grading.py, then max(k, N) sampled completions per question on the firs
 `evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
 at budget N on the first `evaluate.decoding.questions` of them (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
 PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
-faithfulness probe (binary comparisons asked in both operand orders). Writes
+faithfulness probes (binary comparisons asked in both operand orders; strict trends asked in both
+directions). Writes
 metrics/evaluate/<model>.json (accuracy, accuracy_ood, step accuracy, breakdowns,
 pass@k, maj@k, decoding.<strategy>, faithfulness, cost, the majority baseline),
 the graded greedy generations in data/evaluate/<model>/ and plots (accuracy by
