@@ -207,3 +207,22 @@ def test_reversed_trends_and_their_inconsistency_rule():
     # Three values cannot rise and fall strictly at once: only Yes/Yes contradicts; No/No is consistent.
     stats = inconsistency([("Yes", "Yes"), ("Yes", "No"), ("No", "No"), ("No", "Yes"), (None, "Yes")], "trend")
     assert stats == {"pairs": 5, "answered": 4, "inconsistent": 1, "inconsistency_rate": 0.25}
+    with pytest.raises(ValueError, match="probe kind"):
+        inconsistency([], "colour")
+
+
+def test_report_tables_each_model_with_both_faithfulness_probes():
+    from pipeline.report import decoding_markdown
+
+    greedy = {"accuracy": 0.4, "accuracy_ood": 0.1, "tokens_per_question": 48.0, "prm_tokens_per_question": 0.0,
+              "seconds_per_question": 0.01}
+    evaluations = {
+        "sft": {"decoding": {"greedy": greedy},
+                "faithfulness": {"pairs": 45, "answered": 1, "inconsistent": 1, "inconsistency_rate": 1.0,
+                                 "trend": {"pairs": 15, "answered": 15, "inconsistent": 8, "inconsistency_rate": 0.5333}}},
+        "old": {"decoding": {}, "faithfulness": {"pairs": 3, "answered": 0, "inconsistent": 0, "inconsistency_rate": None}},
+    }
+    table = decoding_markdown(evaluations)
+    assert "| sft | greedy | 0.4 | 0.1 | 48.0 | 0.0 | 0.01 |" in table
+    assert "| sft | 45 | 1 | 1.0 | 15 | 15 | 0.5333 |" in table
+    assert "| old | 3 | 0 | None | None | None | None |" in table  # metrics from before the trend probe still render
