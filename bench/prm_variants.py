@@ -33,9 +33,9 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer, Trainer
 from pipeline import paths, training
 from pipeline.config import BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig, load_section
 from pipeline.decoding import Decoder
-from pipeline.evaluation import majority_vote, score
+from pipeline.evaluation import score
 from pipeline.generation import LocalSampler
-from pipeline.grading import extract_answer, step_value
+from pipeline.grading import step_value
 from pipeline.io import read_rows, sample_rows
 from pipeline.models import build_student, default_device, load_model, save_model
 from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels
@@ -129,19 +129,11 @@ def init_model(spec: dict, work: Path, cache: dict) -> Path:
     return folder
 
 
-def voted_right(row: dict, texts: list[str]) -> bool:
-    vote = majority_vote([extract_answer(t) for t in texts], row["answer_type"])
-    return vote is not None and score(row, f"Answer: {vote}", 0)["correct"]
-
-
-def best_of_n(scorer: PRMScorer, rows: list[dict], samples: list[list[str]], decoding: DecodingConfig) -> dict:
-    """Best-of-N accuracy per aggregation of the line scores, picked by evaluate's own Decoder."""
-    out = {}
-    for how in AGGREGATIONS:
-        decoder = Decoder(decoding.model_copy(update={"aggregation": how}), scorer)
-        picked, _ = decoder._best_of_n([r["prompt"] for r in rows], samples)
-        out[how] = round(sum(score(r, t, 0)["correct"] for r, t in zip(rows, picked)) / len(rows), 3)
-    return out
+def decode(decoding: DecodingConfig, scorer, rows: list[dict], greedy: list, samples: list, strategies: list[str],
+           **update) -> dict:
+    """Accuracy per strategy by evaluate's own Decoder, on the fixed greedy and sampled completions."""
+    cfg = decoding.model_copy(update={"strategies": strategies, **update})
+    return {name: m["accuracy"] for name, m in Decoder(cfg, scorer).run(rows, greedy, 0.0, samples, 0.0).items()}
 
 
 def main() -> None:
@@ -162,15 +154,15 @@ def main() -> None:
     policy, tokenizer = load_model(paths.model_dir(data_cfg.policy))
     sampler = LocalSampler(policy, tokenizer, ev.batch_size)
     n = ev.decoding.n
-    greedy = [g[0].text for g in sampler.sample([r["prompt"] for r in test], max_new_tokens=ev.max_new_tokens)]
+    greedy = [(g[0].text, g[0].tokens)
+              for g in sampler.sample([r["prompt"] for r in test], max_new_tokens=ev.max_new_tokens)]
     drawn = sampler.sample([r["prompt"] for r in test], n=n, temperature=ev.k_temperature,
                            max_new_tokens=ev.max_new_tokens, seed=0)
-    samples = [[g.text for g in gens] for gens in drawn]
-    graded = [[score(r, t, 0)["correct"] for t in texts] for r, texts in zip(test, samples)]
+    samples = [[(g.text, g.tokens) for g in gens] for gens in drawn]
+    graded = [[score(r, t, 0)["correct"] for t, _ in pairs] for r, pairs in zip(test, samples)]
     baseline = {
         "device": str(default_device()), "questions": len(test), "n": n,
-        "greedy": round(sum(score(r, t, 0)["correct"] for r, t in zip(test, greedy)) / len(test), 3),
-        "maj_at_n": round(sum(voted_right(r, texts) for r, texts in zip(test, samples)) / len(test), 3),
+        **decode(ev.decoding, None, test, greedy, samples, ["greedy", "maj_at_n"]),
         "pass_at_n": round(sum(any(g) for g in graded) / len(test), 3),
         "mean_sample": round(sum(sum(g) for g in graded) / (len(test) * n), 3),
     }
@@ -202,7 +194,8 @@ def main() -> None:
                 "auroc": metrics["auroc"], "auroc_steps": metrics["auroc_steps"], "accuracy": metrics["accuracy"],
                 "ece": metrics["ece"], "pairs_mean": metrics["within_question"]["pair_accuracy_mean"],
                 "pairs_min": metrics["within_question"]["pair_accuracy_min"],
-                "best_of_n": best_of_n(scorer, test, samples, ev.decoding),
+                "best_of_n": {how: decode(ev.decoding, scorer, test, greedy, samples, ["prm_best_of_n"],
+                                          aggregation=how)["prm_best_of_n"] for how in AGGREGATIONS},
             }
             print(json.dumps(result), flush=True)
             if args.out:
