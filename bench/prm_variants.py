@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForTokenClassification, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForTokenClassification, TrainerCallback
 
 from pipeline import paths, training
 from pipeline.config import BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig, load_section
@@ -37,7 +37,7 @@ from pipeline.evaluation import score
 from pipeline.generation import LocalSampler
 from pipeline.grading import step_value
 from pipeline.io import read_rows, sample_rows
-from pipeline.models import build_student, default_device, load_model, save_model
+from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
 from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels
 from stages.prm import held_out
 
@@ -116,7 +116,7 @@ def init_model(spec: dict, work: Path, cache: dict) -> Path:
     epochs, sft_overrides = spec.pop("epochs", sft.num_train_epochs), spec.pop("sft", {})
     base = load_section("base").model_copy(update=spec)
     BaseModelConfig.model_validate(base.model_dump())
-    tokenizer = AutoTokenizer.from_pretrained(str(paths.model_dir("base")))
+    tokenizer = load_tokenizer(paths.model_dir("base"))
     model = build_student(base, tokenizer)
     rows, val = read_rows(paths.split_file("train")), read_rows(paths.split_file("val"))
     cfg = sft.model_copy(update={**sft_overrides, "num_train_epochs": epochs, "eval_steps": 10**6})

@@ -18,12 +18,12 @@ import argparse
 import time
 
 import torch
-from transformers import AutoTokenizer
 
 from pipeline import paths
 from pipeline.config import DistillConfig, TeacherConfig, load_section
 from pipeline.generation import Generation, LocalSampler
 from pipeline.io import read_rows
+from pipeline.models import load_tokenizer
 
 
 def teacher():
@@ -33,7 +33,7 @@ def teacher():
         return load_local(paths.model_dir("teacher")), "models/teacher"
     from stages.teacher import build
 
-    tokenizer = AutoTokenizer.from_pretrained(str(paths.model_dir("base")))
+    tokenizer = load_tokenizer(paths.model_dir("base"))
     return (build(load_section("teacher", TeacherConfig), tokenizer), tokenizer), "untrained default teacher"
 
 

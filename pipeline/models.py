@@ -67,6 +67,21 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
+    """The tokenizer of a local folder exactly as its tokenizer.json defines it, else AutoTokenizer's.
+
+    transformers 5's AutoTokenizer builds the model type's own class (Qwen2Tokenizer
+    for a Qwen2 config), which replaces the saved pre-tokenizer with that class's
+    defaults (huggingface/transformers#45920): a tokenizer trained with other
+    pre-tokenization rules would silently encode differently from training. For the
+    default tokenizer both agree; `tokenizer.json` is the definition that was trained.
+    """
+    path = str(path)
+    if (Path(path) / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 def load_model(path: Path | str, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
     """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1).
 
@@ -75,7 +90,7 @@ def load_model(path: Path | str, dtype: torch.dtype = torch.float32, device: tor
     """
     path = str(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc

@@ -167,12 +167,12 @@ class PRMScorer:
     @classmethod
     def load(cls, path: Path | str, batch_size: int = 64, device: torch.device | str | None = None) -> "PRMScorer":
         """A saved PRM on `device` (default: the GPU when there is one)."""
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoModelForTokenClassification
 
-        from pipeline.models import default_device
+        from pipeline.models import default_device, load_tokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            tokenizer = load_tokenizer(path)
             model = AutoModelForTokenClassification.from_pretrained(str(path))
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: cannot load the PRM: {exc}") from exc

@@ -21,7 +21,7 @@ from pipeline import paths
 from pipeline.config import PRMConfig, PRMDataConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import save_model
+from pipeline.models import load_tokenizer, save_model
 from pipeline.plots import reliability_chart
 from pipeline.prm import (
     AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal,
@@ -81,7 +81,7 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
 
 
 def _flow(cfg: PRMConfig, policy: str) -> None:
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoModelForTokenClassification
 
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
@@ -90,7 +90,7 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
         raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
     policy_dir = paths.model_dir(policy)
     torch.manual_seed(cfg.seed)  # the new score head
-    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    tokenizer = load_tokenizer(policy_dir)
     model = AutoModelForTokenClassification.from_pretrained(str(policy_dir), num_labels=1)
     out_dir = paths.model_dir("prm")
     with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:

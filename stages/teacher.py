@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import shutil
 
-from transformers import AutoTokenizer
 
 from pipeline import paths
 from pipeline.config import BaseModelConfig, TeacherConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import build_student, count_parameters, save_model
+from pipeline.models import build_student, count_parameters, load_tokenizer, save_model
 from pipeline.training import sft_train
 
 REFERENCE_FIELDS = {
@@ -45,7 +44,7 @@ def _train_embedded(cfg: TeacherConfig) -> None:
     train_file, val_file = paths.split_file("train"), paths.split_file("val")
     train_rows = read_rows(train_file, required=("prompt", "rationale"))
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
-    tokenizer = AutoTokenizer.from_pretrained(str(paths.model_dir("base")))
+    tokenizer = load_tokenizer(paths.model_dir("base"))
     model = build(cfg, tokenizer)
     with atomic_dir(paths.model_dir("teacher")) as out, atomic_dir(paths.live_dir("teacher")) as live:
         metrics = sft_train(cfg.train, model, tokenizer, train_rows, val_rows, out / ".trainer", live)

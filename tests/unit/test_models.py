@@ -1,0 +1,56 @@
+"""Saved models load back with the tokenizer they were trained with."""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from pipeline.config import BaseModelConfig
+from pipeline.models import EOS, PAD, build_student, load_model, load_tokenizer, save_model, train_tokenizer
+
+CORPUS = [
+    "Chart: bar. Title: Sales.\n2016: 15 grey | 2017: 7 teal\nQuestion: What is the total?\n"
+    "Step 1: Select all bars: 2016 15, 2017 7.\nStep 2: Their sum is 22.\nAnswer: 22",
+    "Chart: pie. Title: Visitors (k).\nWed: 17 gold | Thu: 9 grey\nQuestion: Which is larger?\n"
+    "Step 1: Select all slices: Wed 17, Thu 9.\nStep 2: The largest is Wed 17.\nAnswer: Wed",
+] * 30
+PROBES = ["2018: 12.5 | 2019: 120\nStep 3: 15 - 7 = 8.", "Wed 17, Thu 9; total 1,026"]
+
+
+def whole_number_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE whose pre-tokenizer keeps digit runs whole (" 15" can be one token), unlike Qwen2's."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainer=trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[EOS, PAD], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    ))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+
+
+def saved(tmp_path, tokenizer):
+    cfg = BaseModelConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    save_model(build_student(cfg, tokenizer), tokenizer, tmp_path)
+    return tmp_path
+
+
+def encodings(tokenizer) -> list[list[int]]:
+    return tokenizer(CORPUS[:2] + PROBES, add_special_tokens=False)["input_ids"]
+
+
+def test_a_custom_pre_tokenizer_survives_save_and_load(tmp_path):
+    tokenizer = whole_number_tokenizer()
+    assert "Ġ15" in tokenizer.tokenize("Wed: 15")  # the case that a Qwen2 class would split digit by digit
+    folder = saved(tmp_path, tokenizer)
+    _, loaded = load_model(folder)
+    assert encodings(loaded) == encodings(tokenizer) == encodings(load_tokenizer(folder))
+    assert loaded.decode(encodings(loaded)[2]) == PROBES[0]
+    assert (loaded.eos_token, loaded.pad_token, loaded.padding_side) == (EOS, PAD, "left")
+
+
+def test_the_default_tokenizer_survives_save_and_load(tmp_path):
+    tokenizer = train_tokenizer(CORPUS, 300)
+    folder = saved(tmp_path, tokenizer)
+    assert encodings(load_model(folder)[1]) == encodings(tokenizer)
+    assert tokenizer.tokenize("15") == ["1", "5"]  # digits one per token, as documented
