@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from pipeline.config import DecodingConfig
 from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score
@@ -72,17 +73,19 @@ class Decoder:
                 out[strategy] = strategy_metrics(rows, texts, tokens=sample_tokens, seconds=share)
             elif strategy == "prm_best_of_n":
                 candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
-                out[strategy], scores = self._timed(rows, lambda: self._best_of_n(prompts, candidates), sample_tokens,
-                                                    share)
-                out[strategy]["ceilings"] = ceilings(rows, candidates, scores)
+                with self._cost(sample_tokens, share) as cost:
+                    texts, scores = self._best_of_n(prompts, candidates)
+                out[strategy] = {**strategy_metrics(rows, texts, **cost), "ceilings": ceilings(rows, candidates, scores)}
             elif strategy == "prm_beam":
-                out[strategy], _ = self._timed(rows, lambda: (beam_search(
-                    prompts, self.policy, self.scorer.score, n=cfg.n, width=cfg.beam_width, max_steps=cfg.max_steps,
-                    how=cfg.aggregation), None))
+                with self._cost() as cost:
+                    texts = beam_search(prompts, self.policy, self.scorer.score, n=cfg.n, width=cfg.beam_width,
+                                        max_steps=cfg.max_steps, how=cfg.aggregation)
+                out[strategy] = strategy_metrics(rows, texts, **cost)
             elif strategy == "prm_mcts":
-                out[strategy], _ = self._timed(rows, lambda: (prm_mcts(
-                    prompts, self.policy, self.scorer.score, iterations=cfg.mcts_iterations, children=cfg.mcts_children,
-                    c=cfg.ucb_c, max_steps=cfg.max_steps), None))
+                with self._cost() as cost:
+                    texts = prm_mcts(prompts, self.policy, self.scorer.score, iterations=cfg.mcts_iterations,
+                                     children=cfg.mcts_children, c=cfg.ucb_c, max_steps=cfg.max_steps)
+                out[strategy] = strategy_metrics(rows, texts, **cost)
         return out
 
     def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
@@ -98,20 +101,21 @@ class Decoder:
         # ties: the first sample
         return [texts[group.index(max(group))] if group else "" for texts, group in zip(candidates, scores)], scores
 
-    def _timed(self, rows, run, tokens: float = 0, seconds: float = 0) -> tuple[dict, object]:
-        """Run a strategy: `run()` gives (one completion per question, anything else the caller keeps).
+    @contextmanager
+    def _cost(self, tokens: float = 0, seconds: float = 0):
+        """The cost of the `with` block as strategy_metrics' keywords, filled in on exit.
 
-        Returns the strategy's metrics, whose cost is what it adds (policy tokens, PRM
-        tokens, seconds) plus what it reuses, and the second item of `run()`.
+        What the block adds (policy tokens, PRM tokens, seconds), plus what the
+        strategy reuses (`tokens`, `seconds`: best-of-N's share of the samples).
         """
         policy_before = self.policy.tokens if self.policy else 0
         prm_before = self.scorer.tokens
         start = time.perf_counter()
-        texts, extra = run()
-        elapsed = time.perf_counter() - start
-        generated = (self.policy.tokens - policy_before) if self.policy else 0
-        return strategy_metrics(rows, texts, tokens=tokens + generated, seconds=seconds + elapsed,
-                                prm_tokens=self.scorer.tokens - prm_before), extra
+        cost: dict = {}
+        yield cost
+        cost["seconds"] = seconds + time.perf_counter() - start
+        cost["tokens"] = tokens + ((self.policy.tokens - policy_before) if self.policy else 0)
+        cost["prm_tokens"] = self.scorer.tokens - prm_before
 
 
 def steps_right(row: dict, completion: str) -> bool:

@@ -37,10 +37,11 @@ def snapshot(model) -> dict[str, torch.Tensor]:
 def weights_changed(before: dict[str, torch.Tensor], model) -> float:
     """Share of parameter tensors that differ from `before` (0.0: training did nothing).
 
-    `before` is a CPU snapshot; the model may be on the GPU (where a trainer moved it, or where it was loaded).
+    `before` is a CPU snapshot (`snapshot`); the model may be on the GPU (where a trainer moved it, or where it
+    was loaded), so each of its tensors comes to the CPU to be compared.
     """
     after = model.state_dict()
-    changed = sum(not torch.equal(before[k], after[k].to(before[k].device)) for k in before)
+    changed = sum(not torch.equal(before[k], after[k].cpu()) for k in before)
     return changed / max(len(before), 1)
 
 
