@@ -68,18 +68,20 @@ def default_device() -> torch.device:
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
-    """The tokenizer of a local folder exactly as its tokenizer.json defines it, else AutoTokenizer's.
+    """A tokenizer exactly as its tokenizer.json defines it (a folder or a Hub id), else AutoTokenizer's.
 
     transformers 5's AutoTokenizer builds the model type's own class (Qwen2Tokenizer
-    for a Qwen2 config), which replaces the saved pre-tokenizer with that class's
-    defaults (huggingface/transformers#45920): a tokenizer trained with other
-    pre-tokenization rules would silently encode differently from training. For the
-    default tokenizer both agree; `tokenizer.json` is the definition that was trained.
+    for a Qwen2 config; likewise for Llama- or GPT2-typed Hub models), which replaces
+    the saved pre-tokenizer with that class's defaults (huggingface/transformers#45920):
+    a tokenizer trained with other pre-tokenization rules then silently encodes
+    differently from training. For the default tokenizer both agree; tokenizer.json is
+    the definition that was trained. Without one (slow tokenizer files only) AutoTokenizer
+    converts what there is.
     """
-    path = str(path)
-    if (Path(path) / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    except ValueError:  # no tokenizer.json; OSError (nothing there, offline) propagates, not retried twice
+        return AutoTokenizer.from_pretrained(str(path))
 
 
 def load_model(path: Path | str, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
