@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 
-
 from pipeline import paths
 from pipeline.config import BaseModelConfig, TeacherConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger

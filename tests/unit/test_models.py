@@ -52,5 +52,6 @@ def test_a_custom_pre_tokenizer_survives_save_and_load(tmp_path):
 def test_the_default_tokenizer_survives_save_and_load(tmp_path):
     tokenizer = train_tokenizer(CORPUS, 300)
     folder = saved(tmp_path, tokenizer)
-    assert encodings(load_model(folder)[1]) == encodings(tokenizer)
-    assert tokenizer.tokenize("15") == ["1", "5"]  # digits one per token, as documented
+    loaded = load_model(folder)[1]
+    assert encodings(loaded) == encodings(tokenizer)
+    assert loaded.tokenize("15") == ["1", "5"]  # digits one per token, as documented
