@@ -9,6 +9,7 @@ hands its URL to every stage process through the environment.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -26,6 +27,9 @@ from pipeline.io import InputError
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+# Set (to a file path) by the e2e test: each stage process appends the repository files it imported.
+IMPORT_LOG = "PIPELINE_IMPORT_LOG"
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -49,7 +53,30 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
 
     stage_flow = flow(name=name, persist_result=False, validate_parameters=False)(body)
     with expected_errors():
-        return stage_flow(*args)
+        result = stage_flow(*args)
+    if os.environ.get(IMPORT_LOG):
+        log_imports(os.environ[IMPORT_LOG], os.environ.get("DVC_STAGE", name))
+    return result
+
+
+def log_imports(target: str, stage: str) -> None:
+    """Append {stage, files}: every `pipeline/` and `stages/` file this process has imported.
+
+    Read after the stage's work, so imports inside functions count too: the e2e test
+    checks them against the stage's deps in dvc.yaml, which a static look at
+    module-level imports (tests/unit/test_dag.py) cannot.
+    """
+    root = Path.cwd().resolve()
+    files = set()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(root) and path.relative_to(root).parts[0] in ("pipeline", "stages"):
+            files.add(str(path.relative_to(root)))
+    with open(target, "a") as out:  # one short line per stage process: appends do not interleave
+        out.write(json.dumps({"stage": stage, "files": sorted(files)}) + "\n")
 
 
 def stage_logger():

@@ -5,14 +5,16 @@ whenever the stage runs. Imports inside functions are listed by hand where the s
 calls them (evaluate and distill load models through `pipeline.teacher`'s lazy import
 of `pipeline.models`); the test leaves them out because a module imports some only for
 the function one other stage calls (`pipeline.training` imports `pipeline.prm` for the
-PRM trainer alone). Prefect plumbing (`pipeline/flows.py`) and path names
-(`pipeline/paths.py`) decide how and where a stage runs, not what it writes, so a
-change there re-runs nothing.
+PRM trainer alone). tests/e2e/test_repro.py checks those at run time: each stage
+process of its `dvc repro` logs every pipeline file it imported. Prefect plumbing
+(`pipeline/flows.py`) and path names (`pipeline/paths.py`) decide how and where a
+stage runs, not what it writes, so a change there re-runs nothing.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,17 @@ def test_every_stage_depends_on_the_code_it_imports(name, module, deps):
 
     missing = sorted(p for p in imported_files(start) - PLUMBING if not listed(p))
     assert not missing, f"dvc.yaml: stage {name} imports {missing} but does not list them under deps"
+
+
+def test_log_imports_lists_the_repository_files_this_process_imported(tmp_path, monkeypatch):
+    import pipeline.prm  # noqa: F401  (imported here, inside a function: what the static check above cannot see)
+    from pipeline.flows import log_imports
+
+    monkeypatch.chdir(ROOT)
+    target = tmp_path / "imports.jsonl"
+    log_imports(str(target), "prm")
+    log_imports(str(target), "evaluate@sft")
+    first, second = (json.loads(line) for line in target.read_text().splitlines())
+    assert first["stage"] == "prm" and second["stage"] == "evaluate@sft"
+    assert {"pipeline/prm.py", "pipeline/flows.py"} <= set(first["files"])
+    assert all(f.startswith(("pipeline/", "stages/")) for f in first["files"])  # not tests/ or site-packages
