@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -55,3 +56,21 @@ def test_the_default_tokenizer_survives_save_and_load(tmp_path):
     loaded = load_model(folder)[1]
     assert encodings(loaded) == encodings(tokenizer)
     assert loaded.tokenize("15") == ["1", "5"]  # digits one per token, as documented
+
+
+def test_a_folder_without_tokenizer_json_falls_back_to_autotokenizer(tmp_path):
+    # Slow-tokenizer files only (vocab.json + merges.txt, as older Hub repos ship): AutoTokenizer converts them
+    # into the config's class (Qwen2's), whose pre-tokenizer the default tokenizer agrees with.
+    tokenizer = train_tokenizer(CORPUS, 300)
+    folder = saved(tmp_path / "model", tokenizer)
+    (folder / "tokenizer.json").unlink()
+    tokenizer.backend_tokenizer.model.save(str(folder))
+    loaded = load_tokenizer(folder)
+    assert type(loaded).__name__ == "Qwen2Tokenizer"  # AutoTokenizer's class, not the exact tokenizer.json load
+    assert encodings(loaded) == encodings(tokenizer)
+    assert (loaded.eos_token, loaded.pad_token) == (EOS, PAD)
+
+
+def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path):
+    with pytest.raises(OSError):
+        load_tokenizer(tmp_path / "nothing-here")
