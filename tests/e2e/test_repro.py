@@ -74,6 +74,7 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     assert sorted(r["stage"] for r in logged) == ALL_STAGES
     deps = stage_deps(repo)
     for record in logged:
+        assert f"stages/{record['stage'].split('@')[0]}.py" in record["files"]  # the log sees this repository
         listed = deps[record["stage"]]
         missing = [f for f in record["files"] if f not in PLUMBING and f.startswith(("pipeline/", "stages/"))
                    and f != "stages/__init__.py" and not any(f == d or f.startswith(d.rstrip("/") + "/") for d in listed)]

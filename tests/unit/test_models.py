@@ -71,6 +71,10 @@ def test_a_folder_without_tokenizer_json_falls_back_to_autotokenizer(tmp_path):
     assert (loaded.eos_token, loaded.pad_token) == (EOS, PAD)
 
 
-def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path):
+def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path, monkeypatch):
+    def second_try(*args, **kwargs):
+        raise AssertionError("AutoTokenizer was tried for a folder that does not exist")
+
+    monkeypatch.setattr("pipeline.models.AutoTokenizer.from_pretrained", second_try)
     with pytest.raises(OSError):
         load_tokenizer(tmp_path / "nothing-here")
