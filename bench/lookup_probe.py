@@ -33,7 +33,7 @@ from pipeline import paths
 from pipeline.cof.tables import random_table
 from pipeline.cof.verbalize import format_prompt
 from pipeline.config import BaseModelConfig, load_section
-from pipeline.generation import pad_id
+from pipeline.generation import pad as pad_batch, pad_id
 from pipeline.io import read_rows
 from pipeline.models import build_student, load_tokenizer
 
@@ -91,14 +91,8 @@ def main() -> None:
         return encode(drill(args.task, {"table": json.dumps(table), "prompt": format_prompt(table, "x")}, args.format, rng))
 
     def loss_of(batch) -> torch.Tensor:
-        width = max(len(a) + len(b) for a, b in batch)
-        ids = torch.full((len(batch), width), pad)
-        labels = torch.full((len(batch), width), -100)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (a, b) in enumerate(batch):
-            ids[i, : len(a) + len(b)] = torch.tensor(a + b)
-            labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)  # the loss on the target only
-            mask[i, : len(a) + len(b)] = 1
+        ids, mask = pad_batch([a + b for a, b in batch], pad)
+        labels, _ = pad_batch([[-100] * len(a) + b for a, b in batch], -100)  # the loss on the target only
         return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
     @torch.no_grad()

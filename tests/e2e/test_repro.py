@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import api_post, copy_project, venv_env, write_params
-from tests.unit.test_dag import PLUMBING
+from tests.unit.test_dag import PLUMBING, listed, stages
 
 pytestmark = pytest.mark.e2e
 
@@ -53,16 +53,6 @@ def repo(tmp_path_factory, prefect_api):
     return folder
 
 
-def stage_deps(repo) -> dict[str, list[str]]:
-    """Deps per stage address (`evaluate@sft` for the matrix entries) from dvc.yaml."""
-    out = {}
-    for name, stage in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].items():
-        models = stage.get("matrix", {}).get("model")
-        for address in [f"{name}@{m}" for m in models] if models else [name]:
-            out[address] = stage["deps"]
-    return out
-
-
 def test_repro_builds_everything(repo, prefect_api, tmp_path):
     imports = tmp_path / "imports.jsonl"
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo, PIPELINE_IMPORT_LOG=str(imports))
@@ -72,12 +62,11 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     # tests/unit/test_dag.py cannot see); Prefect plumbing and path names re-run nothing by design.
     logged = [json.loads(line) for line in imports.read_text().splitlines()]
     assert sorted(r["stage"] for r in logged) == ALL_STAGES
-    deps = stage_deps(repo)
+    deps = {name: stage_deps for name, _, stage_deps in stages()}  # a matrix entry (evaluate@sft) shares its deps
     for record in logged:
-        assert f"stages/{record['stage'].split('@')[0]}.py" in record["files"]  # the log sees this repository
-        listed = deps[record["stage"]]
-        missing = [f for f in record["files"] if f not in PLUMBING and f.startswith(("pipeline/", "stages/"))
-                   and f != "stages/__init__.py" and not any(f == d or f.startswith(d.rstrip("/") + "/") for d in listed)]
+        name = record["stage"].split("@")[0]
+        assert f"stages/{name}.py" in record["files"]  # the log sees this repository's files
+        missing = [f for f in record["files"] if f not in PLUMBING and not listed(f, deps[name])]
         assert not missing, f"dvc.yaml: stage {record['stage']} imported {missing} but does not list them under deps"
     for path in ("data/synthesize/test.parquet", "models/base/model.safetensors", "models/teacher/model.safetensors",
                  "data/distill/train.parquet", "data/distill/hard.parquet", "data/distill/pairs.parquet",
