@@ -78,6 +78,14 @@ def drill(task: str, row: dict, fmt: str, rng: random.Random, values: str = "cha
     return f"{head}\n{line}\nValue for {c}:", f" {c} {v}."
 
 
+def key_kind(prompt: str, target: str) -> str:
+    """Which key a lookup asks: a year, the table line's first key, or a later (word) key."""
+    key = target.split()[0]
+    if key.isdigit():
+        return "year"
+    return "first" if prompt.split("\n")[1].lstrip("| ").startswith(key) else "later"
+
+
 def spaced_digit_tokenizer(texts, vocab_size: int) -> PreTrainedTokenizerFast:
     """The stage's byte-level BPE, except that a space stays with the digit after it.
 
@@ -123,7 +131,7 @@ def main() -> None:
     torch.manual_seed(0)
     rng, table_rng = random.Random(0), random.Random(1)
     tokenizer = load_tokenizer(paths.model_dir("base"))
-    if args.digits == "spaced":  # trained on the corpus stage base trains on
+    if args.digits == "spaced":  # on stage base's corpus, with as many tokens as its tokenizer ended with
         rows = read_rows(paths.split_file("train"))
         tokenizer = spaced_digit_tokenizer((r["prompt"] + r["rationale"] for r in rows), len(tokenizer))
     overrides = json.loads(args.base)
@@ -154,13 +162,6 @@ def main() -> None:
         labels, _ = pad_batch([[-100] * len(a) + b for a, b in batch], -100)  # the loss on the target only
         return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
-    def kind(prompt: str, target: str) -> str:
-        """Which key the lookup asks: the table's first (the line's first token), a later one, a year."""
-        key = target.split()[0]
-        if key.isdigit():
-            return "year"
-        return "first" if prompt.split("\n")[1].lstrip("| ").startswith(key) else "later"
-
     @torch.no_grad()
     def exact(val=val, val_task=val_task) -> dict[str, float]:
         """Greedy exact match on val, overall and (lookups) by the key's kind."""
@@ -171,7 +172,7 @@ def main() -> None:
             new = len(tokenizer(target, add_special_tokens=False)["input_ids"]) + 2
             out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=pad)
             hit = tokenizer.decode(out[0, ids.shape[1] :]).startswith(target)
-            for name in ["all"] + ([kind(prompt, target)] if val_task == "lookup" else []):
+            for name in ["all"] + ([key_kind(prompt, target)] if val_task == "lookup" else []):
                 right.setdefault(name, []).append(hit)
         model.train()
         return {name: round(sum(hits) / len(hits), 3) for name, hits in right.items()} | {
@@ -199,7 +200,8 @@ def main() -> None:
         # Random token runs said twice, the loss on the repeat: the classic task that
         # grows induction heads, over the whole vocabulary (a separate rng, so the
         # drill that follows sees what it would without this).
-        vocab = [i for i in range(len(tokenizer)) if i not in set(tokenizer.all_special_ids)]
+        specials = set(tokenizer.all_special_ids)
+        vocab = [i for i in range(len(tokenizer)) if i not in specials]
         induction_rng = random.Random(2)
 
         def repeats() -> list[tuple[list[int], list[int]]]:

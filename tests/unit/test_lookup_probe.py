@@ -62,3 +62,11 @@ def test_spaced_digit_tokenizer_keeps_the_space_with_the_first_digit():
     assert pieces[colon + 1 : colon + 3] == [" 1", "9"] and " " not in pieces
     assert tokenizer.decode(ids) == "Sat: 19 | Sun: 17"
     assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token == "<|pad|>"
+
+
+def test_key_kind():
+    prompt = probe.drill("lookup", ROW, "colon", Second())[0]
+    assert probe.key_kind(prompt, " Tigers 19.") == "later"
+    assert probe.key_kind(prompt, " Lions 20.") == "first"
+    assert probe.key_kind(probe.drill("lookup", ROW, "lead", Second())[0], " Lions 20.") == "first"
+    assert probe.key_kind(f"{HEAD}\n2017: 10 | 2018: 12\nValue for 2018:", " 2018 12.") == "year"
