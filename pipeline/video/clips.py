@@ -4,18 +4,37 @@
     frames, fps = read_mp4(path)
 
 x264 runs single-threaded with the container's bitexact flag, so the same
-frames give the same bytes (no encoder timestamps or thread-order effects).
+frames give the same bytes (no encoder timestamps or thread-order effects),
+and without its AVX-512 code on CPUs that have it (see `_x264_params`).
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from pipeline.video.render import font
+
+
+@cache
+def _x264_params() -> dict[str, str]:
+    """x264 options that keep its output byte-identical on this CPU.
+
+    On a CPU with AVX-512, x264 (PyAV 17 and 18 wheels) encoded identical frames
+    to different bytes within one long-running process (the animate stage run
+    twice in a test: 2 to 4 of 12 clips differed); capped at AVX2, which every
+    AVX-512 CPU has, they came out identical in every rerun. Other CPUs keep
+    x264's own choice: naming a CPU level there could ask for instructions it lacks.
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    return {"x264-params": "asm=avx2"} if "avx512" in flags else {}
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: int, crf: int = 18) -> None:
@@ -25,7 +44,7 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int, crf: int = 18) -> 
     with av.open(str(path), mode="w", format="mp4", options={"fflags": "+bitexact"}) as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1"}
+        stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1", **_x264_params()}
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
                 container.mux(packet)
