@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -29,9 +28,8 @@ import lookup_probe  # noqa: E402
 
 from pipeline import paths  # noqa: E402
 from pipeline.cof.tables import random_table  # noqa: E402
-from pipeline.cof.verbalize import format_prompt  # noqa: E402
 from pipeline.config import BaseModelConfig, load_section  # noqa: E402
-from pipeline.generation import pad as pad_batch, pad_id  # noqa: E402
+from pipeline.generation import pad_id  # noqa: E402
 from pipeline.grading import extract_answer, grade  # noqa: E402
 from pipeline.io import read_rows  # noqa: E402
 from pipeline.models import build_student, load_tokenizer  # noqa: E402
@@ -58,33 +56,17 @@ def main() -> None:
         return tuple(tokenizer(text, add_special_tokens=False)["input_ids"] for text in (prompt, target))
 
     def fit(steps: int, batch, lr: float, name: str) -> None:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        warmup = max(1.0, 0.05 * steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1, (i + 1) / warmup) * 0.5 * (
-            1 + math.cos(math.pi * min(i, steps) / steps)))
-        model.train()
         start = time.time()
-        for step in range(steps):
-            pairs = batch()
-            ids, mask = pad_batch([a + b for a, b in pairs], pad)
-            labels, _ = pad_batch([[-100] * len(a) + b for a, b in pairs], -100)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            if (step + 1) % max(steps // 4, 1) == 0:
-                print(json.dumps({"phase": name, "step": step + 1, "loss": round(loss.item(), 4),
-                                  "seconds": round(time.time() - start)}), flush=True)
+        lookup_probe.fit(model, pad, steps, batch, lr, lambda step, loss: print(json.dumps(
+            {"phase": name, "step": step, "loss": round(loss, 4), "seconds": round(time.time() - start)}), flush=True),
+            reports=4)
 
     drill_rng, table_rng = random.Random(3), random.Random(4)
 
     def drills(task: str, values: str) -> list[tuple[list[int], list[int]]]:
         out = []
         for _ in range(16):
-            table = random_table(table_rng, synth)
-            row = {"table": json.dumps(table), "prompt": format_prompt(table, "x")}
+            row = lookup_probe.table_row(random_table(table_rng, synth))
             out.append(encode(*lookup_probe.drill(task, row, "colon", drill_rng, values)))
         return out
 

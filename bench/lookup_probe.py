@@ -108,6 +108,36 @@ def spaced_digit_tokenizer(texts, vocab_size: int) -> PreTrainedTokenizerFast:
     return fast
 
 
+def table_row(table: dict) -> dict:
+    """A random table as a synthesized row with the fields `drill` reads (no question)."""
+    return {"table": json.dumps(table), "prompt": format_prompt(table, "x")}
+
+
+def target_loss(model, batch: list[tuple[list[int], list[int]]], pad: int) -> torch.Tensor:
+    """The LM loss of (prompt, target) id pairs, on the target tokens only."""
+    ids, mask = pad_batch([a + b for a, b in batch], pad)
+    labels, _ = pad_batch([[-100] * len(a) + b for a, b in batch], -100)
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def fit(model, pad: int, steps: int, batch, lr: float, report, reports: int = 5) -> None:
+    """`steps` AdamW steps on batch(): 5% warmup, cosine decay; report(step, loss) `reports` times."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1.0, 0.05 * steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1, (i + 1) / warmup) * 0.5 * (
+        1 + math.cos(math.pi * min(i, steps) / steps)))
+    model.train()
+    for step in range(steps):
+        loss = target_loss(model, batch(), pad)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if (step + 1) % max(steps // reports, 1) == 0:
+            report(step + 1, loss.item())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=["copy", "lookup", "multi"], default="lookup")
@@ -151,16 +181,10 @@ def main() -> None:
     val = [drill(val_task, r, args.format, rng, args.values) for r in read_rows(paths.split_file("val"))][:200]
 
     def on_table(task: str, table: dict, drill_rng: random.Random, values: str) -> tuple[list[int], list[int]]:
-        row = {"table": json.dumps(table), "prompt": format_prompt(table, "x")}
-        return encode(drill(task, row, args.format, drill_rng, values))
+        return encode(drill(task, table_row(table), args.format, drill_rng, values))
 
     def fresh() -> tuple[list[int], list[int]]:
         return on_table(args.task, random_table(table_rng, synth), rng, args.values)
-
-    def loss_of(batch) -> torch.Tensor:
-        ids, mask = pad_batch([a + b for a, b in batch], pad)
-        labels, _ = pad_batch([[-100] * len(a) + b for a, b in batch], -100)  # the loss on the target only
-        return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
     @torch.no_grad()
     def exact(val=val, val_task=val_task) -> dict[str, float]:
@@ -178,23 +202,6 @@ def main() -> None:
         return {name: round(sum(hits) / len(hits), 3) for name, hits in right.items()} | {
             f"n_{name}": len(hits) for name, hits in right.items() if name != "all"}
 
-    def fit(steps: int, batch, report) -> None:
-        """`steps` AdamW steps on batch(), with their own warmup and cosine decay; report(step, loss) 5 times."""
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-        warmup = 0.05 * steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1, (i + 1) / warmup) * 0.5 * (
-            1 + math.cos(math.pi * min(i, steps) / steps)))
-        model.train()
-        for step in range(steps):
-            loss = loss_of(batch())
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            if (step + 1) % max(steps // 5, 1) == 0:
-                report(step + 1, loss.item())
-
     start = time.time()
     if args.induction:
         # Random token runs said twice, the loss on the repeat: the classic task that
@@ -208,7 +215,7 @@ def main() -> None:
             runs = [[induction_rng.choice(vocab) for _ in range(32)] for _ in range(16)]
             return [(run, run) for run in runs]
 
-        fit(args.induction, repeats, lambda step, loss: print(json.dumps(
+        fit(model, pad, args.induction, repeats, args.lr, lambda step, loss: print(json.dumps(
             {"induction_step": step, "loss": round(loss, 4), "seconds": round(time.time() - start)}), flush=True))
     if args.warmup_colour:
         # Every key of a new table asked in turn, its values colour words: a drill the
@@ -220,10 +227,10 @@ def main() -> None:
         def colour_drills() -> list[tuple[list[int], list[int]]]:
             return [on_table("multi", random_table(warm_tables, synth), warm_rng, "colour") for _ in range(16)]
 
-        fit(args.warmup_colour, colour_drills, lambda step, loss: print(json.dumps(
+        fit(model, pad, args.warmup_colour, colour_drills, args.lr, lambda step, loss: print(json.dumps(
             {"warmup_step": step, "loss": round(loss, 4), "seconds": round(time.time() - start),
              "colour_exact": exact(warm_val, "lookup") if step == args.warmup_colour else None}), flush=True))
-    fit(args.steps, lambda: [fresh() for _ in range(16)] if args.fresh else rng.sample(train, 16),
+    fit(model, pad, args.steps, lambda: [fresh() for _ in range(16)] if args.fresh else rng.sample(train, 16), args.lr,
         lambda step, loss: print(json.dumps({**vars(args), "step": step, "loss": round(loss, 4),
                                              "seconds": round(time.time() - start), "val_exact": exact()}), flush=True))
 
