@@ -1,15 +1,14 @@
 """python bench/drill_then_sft.py [--drill 2400] [--digits spaced] [--epochs 3]
 
 Does a table-reading warm-up carry into SFT? A fresh student of `base`'s config
-(models/base's tokenizer, or with `--digits spaced` the one bench/lookup_probe.py
-trains) first learns to read tables from drills on new random tables (`--drill`
+(with the tokenizer bench/lookup_probe.py trains for `--digits`) first learns to read tables from drills on new random tables (`--drill`
 steps of every key in turn with colour-word values, then as many of one numeric
 lookup; 0 skips them), then is fine-tuned on the 6,000 gold rationales
 (`--epochs`, batch 16, learning rate 3e-3 as in `sft`, cosine). Prints the
 greedy first `Step` line's exact match and the answer accuracy on the first
 200 validation questions. A short stand-in for the base -> sft stages, not
-them: one thread, a hand loop, no eval split. Needs data/synthesize and
-models/base (run `make run`).
+them: one thread, a hand loop, no eval split, its own table streams (stage base
+draws its drills from one). Needs data/synthesize (run `make run`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from pipeline.config import BaseModelConfig, load_section  # noqa: E402
 from pipeline.generation import pad_id  # noqa: E402
 from pipeline.grading import extract_answer, grade  # noqa: E402
 from pipeline.io import read_rows  # noqa: E402
-from pipeline.models import build_student, load_tokenizer  # noqa: E402
+from pipeline.drills import drill, encode, fit as drill_fit, table_row  # noqa: E402
+from pipeline.models import build_student  # noqa: E402
 
 
 def main() -> None:
@@ -45,19 +45,15 @@ def main() -> None:
     torch.manual_seed(0)
     rows = read_rows(paths.split_file("train"))
     val = read_rows(paths.split_file("val"))[:200]
-    tokenizer = load_tokenizer(paths.model_dir("base"))
-    if args.digits == "spaced":
-        tokenizer = lookup_probe.spaced_digit_tokenizer((r["prompt"] + r["rationale"] for r in rows), len(tokenizer))
-    model = build_student(load_section("base", BaseModelConfig), tokenizer)
+    base = load_section("base", BaseModelConfig)
+    tokenizer = lookup_probe.probe_tokenizer(args.digits, base.vocab_size)
+    model = build_student(base, tokenizer)
     pad = pad_id(tokenizer)
     synth = load_section("synthesize")
 
-    def encode(prompt: str, target: str) -> tuple[list[int], list[int]]:
-        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"] for text in (prompt, target))
-
     def fit(steps: int, batch, lr: float, name: str) -> None:
         start = time.time()
-        lookup_probe.fit(model, pad, steps, batch, lr, lambda step, loss: print(json.dumps(
+        drill_fit(model, pad, steps, batch, lr, lambda step, loss: print(json.dumps(
             {"phase": name, "step": step, "loss": round(loss, 4), "seconds": round(time.time() - start)}), flush=True),
             reports=4)
 
@@ -66,14 +62,14 @@ def main() -> None:
     def drills(task: str, values: str) -> list[tuple[list[int], list[int]]]:
         out = []
         for _ in range(16):
-            row = lookup_probe.table_row(random_table(table_rng, synth))
-            out.append(encode(*lookup_probe.drill(task, row, "colon", drill_rng, values)))
+            row = table_row(random_table(table_rng, synth))
+            out.append(encode(tokenizer, *drill(task, row, drill_rng, values)))
         return out
 
     if args.drill:
         fit(args.drill, lambda: drills("multi", "colour"), 1e-3, "colour drill")
         fit(args.drill, lambda: drills("lookup", "chart"), 1e-3, "number drill")
-    sft = [encode(r["prompt"], r["rationale"] + tokenizer.eos_token) for r in rows]
+    sft = [encode(tokenizer, r["prompt"], r["rationale"] + tokenizer.eos_token) for r in rows]
     sft_rng, order = random.Random(0), []
 
     def sft_batch() -> list[tuple[list[int], list[int]]]:

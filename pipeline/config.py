@@ -84,18 +84,36 @@ def check_heads(cfg: "BaseModelConfig | TeacherConfig") -> None:
         raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
 
 
+class DrillConfig(Section):
+    """`base.drills`: table-reading drills a student built from scratch trains on before SFT (pipeline/drills.py)."""
+
+    seed: int = Field(0, description="RNG seed of the random tables and the keys asked")
+    colour_steps: int = Field(2400, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
+    number_steps: int = Field(2400, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
+    learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
+    batch_size: int = Field(16, ge=1, description="drills per optimizer step")
+    val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metrics ask")
+
+
 class BaseModelConfig(Section):
-    """`base`: the tokenizer and the untrained student."""
+    """`base`: the tokenizer and the student before SFT (built from scratch and drilled, or loaded)."""
 
     seed: int = Field(0, description="RNG seed for weight init")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
     vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens)")
+    digits: Literal["spaced", "split"] = Field(
+        "spaced", description="spaced: a space stays with the digit after it (' 19' -> ' 1', '9'); "
+        "split: the space is a token of its own (' ', '1', '9')",
+    )
     hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
     intermediate_size: int = Field(384, ge=16, description="Qwen2 MLP size")
     num_hidden_layers: int = Field(2, ge=1, description="transformer layers")
     num_attention_heads: int = Field(4, ge=1, description="attention heads")
     num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
     max_position_embeddings: int = Field(1024, ge=32, description="longest sequence in tokens")
+    drills: DrillConfig = Field(
+        default_factory=DrillConfig, description="table-reading drills before SFT (the built student only, not `model`)"
+    )
 
     @model_validator(mode="after")
     def _heads(self) -> "BaseModelConfig":

@@ -1,29 +1,36 @@
 """python -m stages.base
 
-The untrained student: a BPE tokenizer trained on the synthetic training
-corpus and a small Qwen2 built from `base` params, or any Hugging Face model
-when `base.model` names one. Writes models/base/ and metrics/base.json.
+The student before SFT. By default built here: a BPE tokenizer trained on the
+synthetic training corpus, a small Qwen2 from `base` params, then the
+table-reading drills of `base.drills` (pipeline/drills.py) on new random
+tables, without which it never learns to read a key's number from the table.
+When `base.model` names a Hugging Face model, that model as it is (no drills).
+Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 """
 
 from __future__ import annotations
 
+from dvclive import Live
+
 from pipeline import paths
-from pipeline.config import BaseModelConfig, load_section
+from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
+from pipeline.drills import train_drills
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import build_student, count_parameters, load_model, save_model, train_tokenizer
+from pipeline.models import build_student, count_parameters, default_device, load_model, save_model, train_tokenizer
+from pipeline.training import snapshot, weights_changed
 
 
 def run(cfg: BaseModelConfig, train_rows: list[dict]):
-    """(model, tokenizer): loaded from `cfg.model`, or built from scratch on the corpus."""
+    """(model, tokenizer): loaded from `cfg.model`, or built from scratch on the corpus (not yet drilled)."""
     if cfg.model:
         return load_model(cfg.model)
     corpus = (row["prompt"] + row["rationale"] for row in train_rows)
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits)
     return build_student(cfg, tokenizer), tokenizer
 
 
-def _flow(cfg: BaseModelConfig) -> None:
+def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
     train_file = paths.split_file("train")
     rows = read_rows(train_file, required=("prompt", "rationale"))
     model, tokenizer = run(cfg, rows)
@@ -36,8 +43,19 @@ def _flow(cfg: BaseModelConfig) -> None:
         "max_tokens_per_example": max(tokens),
         "chars_per_token": round(sum(map(len, sample)) / sum(tokens), 2),
     }
-    stage_logger().info("base model: %s", metrics)
-    with atomic_dir(paths.model_dir("base")) as tmp:
+    with atomic_dir(paths.model_dir("base")) as tmp, atomic_dir(paths.live_dir("base")) as live_dir:
+        if not cfg.model:
+            model.to(default_device())
+            before = snapshot(model)
+            with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
+
+                def log(name: str, step: int, value: float) -> None:
+                    live.step = step
+                    live.log_metric(name, value)
+
+                drills = train_drills(model, tokenizer, cfg.drills, synth, log)
+            metrics |= {"drills": drills, "weights_changed": weights_changed(before, model)}
+        stage_logger().info("base model: %s", metrics)
         save_model(model, tokenizer, tmp)
         write_manifest(tmp, "base", cfg, inputs=[train_file], name=paths.MODEL_MANIFEST, metrics=metrics)
     write_json(paths.metrics_file("base"), metrics)
@@ -46,7 +64,8 @@ def _flow(cfg: BaseModelConfig) -> None:
 def main() -> None:
     with expected_errors():
         cfg = load_section("base", BaseModelConfig)
-    run_stage("base", _flow, cfg)
+        synth = load_section("synthesize", SynthesizeConfig)
+    run_stage("base", _flow, cfg, synth)
 
 
 if __name__ == "__main__":

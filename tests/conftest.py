@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_PARAMS = {
     "synthesize": {"seed": 0, "n_train": 240, "n_val": 24, "n_test": 40, "n_ood": 24, "render_charts": 2},
     "base": {"seed": 0, "vocab_size": 320, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512},
+             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
+             "drills": {"seed": 0, "colour_steps": 6, "number_steps": 6, "batch_size": 4, "val_tables": 8}},
     "teacher": {"seed": 0, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 1,
                 "num_attention_heads": 2, "num_key_value_heads": 1,
                 "train": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,

@@ -64,6 +64,14 @@ def test_base(workspace):
     metrics = json.loads(paths.metrics_file("base").read_text())
     assert 1_000 < metrics["parameters"] < 200_000
     assert metrics["vocab_size"] <= TINY_PARAMS["base"]["vocab_size"]
+    # drilled before it is saved: both drills ran their steps, every tensor moved, curves beside
+    p = TINY_PARAMS["base"]["drills"]
+    assert metrics["weights_changed"] == 1.0
+    assert {k: v["steps"] for k, v in metrics["drills"].items()} == {"colour": p["colour_steps"],
+                                                                     "numbers": p["number_steps"]}
+    assert all(0 <= v["exact"] <= 1 for v in metrics["drills"].values())
+    for curve in ("colour/loss", "colour/val_exact", "numbers/loss", "numbers/val_exact"):
+        assert (paths.live_dir("base") / "plots" / "metrics" / f"{curve}.tsv").exists(), curve
 
 
 def test_teacher_is_larger_and_trained(workspace):

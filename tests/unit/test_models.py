@@ -56,12 +56,22 @@ def test_the_default_tokenizer_survives_save_and_load(tmp_path):
     loaded = load_model(folder)[1]
     assert encodings(loaded) == encodings(tokenizer)
     assert loaded.tokenize("15") == ["1", "5"]  # digits one per token, as documented
+    assert loaded.tokenize("Wed: 17")[-3:] == [":", "Ġ1", "7"]  # the space stays with the first digit
+
+
+def test_split_digits_give_the_space_a_token_of_its_own():
+    tokenizer = train_tokenizer(CORPUS, 300, digits="split")
+    assert tokenizer.tokenize("Wed: 17")[-4:] == [":", "Ġ", "1", "7"]
+    assert [tokenizer.decode(ids) for ids in encodings(tokenizer)] == CORPUS[:2] + PROBES
+    with pytest.raises(ValueError, match="digits: 'whole'"):
+        train_tokenizer(CORPUS, 300, digits="whole")
 
 
 def test_a_folder_without_tokenizer_json_falls_back_to_autotokenizer(tmp_path):
     # Slow-tokenizer files only (vocab.json + merges.txt, as older Hub repos ship): AutoTokenizer converts them
-    # into the config's class (Qwen2's), whose pre-tokenizer the default tokenizer agrees with.
-    tokenizer = train_tokenizer(CORPUS, 300)
+    # into the config's class (Qwen2's), whose pre-tokenizer a split-digit tokenizer agrees with (Qwen2 gives
+    # a space before a digit a token of its own, so the default spaced one would not).
+    tokenizer = train_tokenizer(CORPUS, 300, digits="split")
     folder = saved(tmp_path / "model", tokenizer)
     (folder / "tokenizer.json").unlink()
     tokenizer.backend_tokenizer.model.save(str(folder))

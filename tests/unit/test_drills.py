@@ -1,0 +1,134 @@
+"""The table-reading drills (pipeline/drills.py), written out by hand for one chart, and a tiny drilled run."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from pipeline import drills
+from pipeline.config import BaseModelConfig, DrillConfig, SynthesizeConfig
+from pipeline.models import build_student, train_tokenizer
+
+HEAD = "Chart: pie. Title: Points by team (pts)."
+ROW = {
+    "table": json.dumps({"categories": ["Lions", "Tigers", "Eagles"], "values": [[20], [19], [4]]}),
+    "prompt": f"{HEAD}\nLions: 20 pink | Tigers: 19 blue | Eagles: 4 brown\nQuestion: Name the Lions colour.\n",
+}
+
+
+class Second:
+    """An rng that always picks the second pair and shuffles nothing."""
+
+    def choice(self, seq):
+        return seq[1]
+
+    def shuffle(self, seq):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("fmt", "values", "line", "answer"),
+    [
+        ("colon", "chart", "Lions: 20 pink | Tigers: 19 blue | Eagles: 4 brown", "19"),
+        ("lead", "chart", "| Lions: 20 pink | Tigers: 19 blue | Eagles: 4 brown", "19"),
+        ("nocolon", "chart", "Lions 20 pink | Tigers 19 blue | Eagles 4 brown", "19"),
+        ("colon", "plain", "Lions: 20 | Tigers: 19 | Eagles: 4", "19"),
+        # 20, 19 and 4 modulo the 12 colours: teal, grey, purple
+        ("colon", "colour", "Lions: teal | Tigers: grey | Eagles: purple", "grey"),
+        ("nocolon", "colour", "Lions teal | Tigers grey | Eagles purple", "grey"),
+    ],
+)
+def test_lookup_drill(fmt, values, line, answer):
+    prompt, target = drills.drill("lookup", ROW, Second(), values, fmt)
+    assert prompt == f"{HEAD}\n{line}\nValue for Tigers:"
+    assert target == f" Tigers {answer}."
+
+
+def test_copy_and_multi_drills():
+    assert drills.drill("copy", ROW, Second())[1] == " Lions 20, Tigers 19, Eagles 4."
+    prompt, target = drills.drill("multi", ROW, Second())
+    assert prompt.endswith("\nValue for Lions:")
+    assert target == " Lions 20.\nValue for Tigers: Tigers 19.\nValue for Eagles: Eagles 4."
+
+
+def test_key_kind():
+    prompt = drills.drill("lookup", ROW, Second())[0]
+    assert drills.key_kind(prompt, " Tigers 19.") == "later"
+    assert drills.key_kind(prompt, " Lions 20.") == "first"
+    assert drills.key_kind(drills.drill("lookup", ROW, Second(), fmt="lead")[0], " Lions 20.") == "first"
+    assert drills.key_kind(f"{HEAD}\n2017: 10 | 2018: 12\nValue for 2018:", " 2018 12.") == "year"
+
+
+def test_table_row_gives_the_drill_a_prompt_of_the_questions_format():
+    synth = SynthesizeConfig()
+    table = drills.random_table(random.Random(0), synth)
+    prompt, target = drills.drill("lookup", drills.table_row(table), Second())
+    head, line, ask = prompt.split("\n")
+    key, value = table["categories"][1], f"{table['values'][1][0]:g}"
+    assert head.startswith(f"Chart: {table['chart_type']}.") and f"{key}: {value}" in line
+    assert (ask, target) == (f"Value for {key}:", f" {key} {value}.")
+
+
+def test_train_drills_trains_both_drills_and_repeats_exactly():
+    synth = SynthesizeConfig()
+    texts = [drills.table_row(drills.random_table(random.Random(i), synth))["prompt"] for i in range(60)]
+    tokenizer = train_tokenizer(texts + ["Value for Copy: ."] * 5, 300)
+    cfg = DrillConfig(colour_steps=4, number_steps=3, batch_size=2, val_tables=5)
+    size = BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=1)
+    runs = []
+    for _ in range(2):
+        model = build_student(size, tokenizer)
+        before = [p.detach().clone() for p in model.parameters()]
+        logged = []
+        metrics = drills.train_drills(model, tokenizer, cfg, synth, lambda *entry: logged.append(entry))
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        runs.append((metrics, logged, [p.detach().clone() for p in model.parameters()]))
+    (metrics, logged, weights), (metrics2, logged2, weights2) = runs
+    assert [m["steps"] for m in metrics.values()] == [4, 3] and list(metrics) == ["colour", "numbers"]
+    assert all(0 <= m["exact"] <= 1 and m["loss"] > 0 for m in metrics.values())
+    by_key = metrics["numbers"]["exact_by_key"]
+    assert sum(v for k, v in by_key.items() if k.startswith("n_")) == cfg.val_tables
+    # five loss reports per drill (every step here), then its validation exact match
+    assert [name for name, _, _ in logged] == ["colour/loss"] * 4 + ["colour/val_exact"] + ["numbers/loss"] * 3 + [
+        "numbers/val_exact"]
+    assert logged == logged2 and all(torch.equal(a, b) for a, b in zip(weights, weights2))
+    json.dumps(metrics)  # plain data, as metrics/base.json takes it
+
+
+class Scripted:
+    """A model whose greedy continuation of each prompt is a given text (no weights)."""
+
+    device = torch.device("cpu")
+    training = True
+
+    def __init__(self, tokenizer, replies: dict[str, str]):
+        self.tokenizer, self.replies = tokenizer, replies
+
+    def eval(self):
+        self.training = False
+
+    def train(self, mode: bool = True):
+        self.training = mode
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, **_):
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):
+            reply = self.replies[self.tokenizer.decode(ids[mask.bool()])]
+            new = self.tokenizer(reply, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            rows.append(new + [pad_token_id] * (max_new_tokens - len(new)))
+        return torch.cat([input_ids, torch.tensor(rows)], dim=1)
+
+
+def test_exact_is_the_share_of_continuations_that_start_with_the_target():
+    tokenizer = train_tokenizer([ROW["prompt"] + "Value for Lions: Lions 20. Tigers 19. Eagles 4. 2018 12."] * 20, 300)
+    pairs = [drills.drill("lookup", ROW, Second()),  # Tigers 19
+             (ROW["prompt"].split("Question")[0] + "Value for Lions:", " Lions 20."),
+             (f"{HEAD}\n2017: 10 | 2018: 12\nValue for 2018:", " 2018 12.")]
+    replies = {pairs[0][0]: " Tigers 19.\nValue for", pairs[1][0]: " Lions 2", pairs[2][0]: " 2018 12."}
+    model = Scripted(tokenizer, replies)
+    scores = drills.exact(model, tokenizer, pairs, by_kind=True, batch_size=2)  # two batches, one left-padded
+    assert scores == {"all": 0.667, "later": 1.0, "first": 0.0, "year": 1.0, "n_later": 1, "n_first": 1, "n_year": 1}
+    assert model.training  # put back as it was
+    assert drills.exact(model, tokenizer, pairs[:1]) == {"all": 1.0}
