@@ -56,11 +56,13 @@ def diff_markdown(rev: str = "HEAD") -> str:
     proc = dvc("metrics", "diff", rev, "--json", capture=True)
     if proc.returncode != 0:
         return f"`dvc metrics diff {rev}` failed: {proc.stderr.strip()[:500]}"
-    diff = json.loads(proc.stdout or "{}").get("diff", {})
+    diff = json.loads(proc.stdout or "{}")  # DVC 3: {file: {metric: {old, new, diff}}}, no wrapper key
     lines = ["| file | metric | old | new | change |", "|---|---|---|---|---|"]
     for file, entries in sorted(diff.items()):
         for key, d in sorted(entries.items()):
-            lines.append(f"| {file} | {key} | {d.get('old')} | {d.get('new')} | {d.get('diff')} |")
+            change = d.get('diff')
+            change = round(change, 4) if isinstance(change, float) else change
+            lines.append(f"| {file} | {key} | {d.get('old')} | {d.get('new')} | {change} |")
     return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {rev}."
 
 

@@ -16,6 +16,7 @@ import sys
 import pytest
 import yaml
 
+from pipeline.orchestrate import diff_markdown
 from tests.conftest import api_post, copy_project, venv_env, write_params
 from tests.unit.test_dag import PLUMBING, listed, stages
 
@@ -98,7 +99,7 @@ def test_second_repro_runs_nothing(repo):
     assert "up to date" in dvc("status", cwd=repo).stdout.lower() or dvc("status", cwd=repo).stdout.strip() == ""
 
 
-def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
+def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo, monkeypatch):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["sft"]["learning_rate"] = 0.002
     write_params(repo, params)
@@ -115,6 +116,9 @@ def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo):
     diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)
     changed = diff["params.yaml"]["sft.learning_rate"]
     assert (changed["old"], changed["new"]) == (0.003, 0.002)
+    # the report's metrics diff against git HEAD (the tiny commit, before any metric existed)
+    monkeypatch.chdir(repo)
+    assert "| metrics/sft.json | train_loss | None |" in diff_markdown()
 
 
 def test_params_split_between_stages(repo):
