@@ -49,13 +49,14 @@ def drill(task: str, row: dict, rng: random.Random, values: str = "chart", fmt: 
     """(prompt, target) of one drill on a synthesized row's chart.
 
     task: copy (every key and value in order), lookup (one key, chosen by rng),
-    multi (every key in turn, in an order shuffled by rng). values: chart (the
-    prompt's own table line), plain (first series only, nothing after a value),
-    colour (plain with every value a colour word).
+    multi (every key in turn, in an order shuffled by rng); the value asked is
+    the first series' (the default charts' tables have one series). values:
+    chart (the prompt's own table line), plain (first series only, nothing
+    after a value), colour (plain with every value a colour word).
     """
     table = json.loads(row["table"])
     head, line = row["prompt"].split("\n")[:2]
-    pairs = [(c, f"{v[0]:g}") for c, v in zip(table["categories"], table["values"])]
+    pairs = [(c, str(v[0])) for c, v in zip(table["categories"], table["values"])]  # as format_prompt writes it
     if values == "colour":
         pairs = [(c, COLOURS[int(float(v)) % len(COLOURS)]) for c, v in pairs]
     if values != "chart":

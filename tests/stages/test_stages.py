@@ -74,6 +74,18 @@ def test_base(workspace):
         assert (paths.live_dir("base") / "plots" / "metrics" / f"{curve}.tsv").exists(), curve
 
 
+def test_base_is_byte_identical_on_rerun(workspace):
+    """Drilled weights and a manifest without timings: a rerun of base leaves DVC nothing to re-run after it."""
+    from stages import base
+
+    folder = paths.model_dir("base")
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    base.main()
+    after = {f.name: f.read_bytes() for f in folder.iterdir()}
+    assert before.keys() == after.keys() and [n for n in before if before[n] != after[n]] == []
+    assert "seconds" in paths.metrics_file("base").read_text()  # timings stay in the metrics
+
+
 def test_teacher_is_larger_and_trained(workspace):
     from stages import teacher
 
