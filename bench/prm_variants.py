@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForTokenClassification, TrainerCallback
+from transformers import TrainerCallback
 
 from pipeline import paths, training
 from pipeline.config import BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig, load_section
@@ -38,7 +38,7 @@ from pipeline.generation import LocalSampler
 from pipeline.grading import step_value
 from pipeline.io import read_rows, sample_rows
 from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
-from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels
+from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels, prm_from_policy
 from stages.prm import held_out
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -184,7 +184,7 @@ def main() -> None:
             folder = init_model(init, Path(tmp), cache) if init else paths.model_dir(data_cfg.policy)
             start = time.perf_counter()  # the init's SFT is timed apart (it runs once per init, then is cached)
             torch.manual_seed(cfg.seed)
-            model = AutoModelForTokenClassification.from_pretrained(str(folder), num_labels=1).to(default_device())
+            model = prm_from_policy(folder).to(default_device())
             trained = training.prm_train(cfg, model, tokenizer, rows, Path(tmp) / f"prm-{i}", Path(tmp) / "live")
             scorer = PRMScorer(model, tokenizer, cfg.batch_size)
             metrics, _ = held_out(scorer, val)

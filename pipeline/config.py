@@ -390,13 +390,14 @@ class PRMDataConfig(Section):
 
     seed: int = Field(0, description="question sample and sampling seed")
     policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
-    gold_questions: int = Field(1500, ge=1, description="gold labels: training questions sampled")
+    question_seed: int = Field(1, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
+    gold_questions: int = Field(12000, ge=1, description="gold labels: new training questions")
     val_questions: int = Field(300, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
     temperature: float = Field(0.8, gt=0, description="gold labels: sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
     batch_size: int = Field(512, ge=1, description="sequences generated together")
-    mcts_questions: int = Field(100, ge=0, description="MCTS labels: training questions searched (0: gold labels only)")
+    mcts_questions: int = Field(100, ge=0, description="MCTS labels: other new questions searched (0: gold labels only)")
     iterations: int = Field(8, ge=1, description="MCTS iterations per question (PROPA: 20)")
     children: int = Field(4, ge=1, description="candidate next steps per expansion")
     ucb_c: float = Field(1.0, ge=0, description="UCB exploration constant")
@@ -408,13 +409,13 @@ class PRMDataConfig(Section):
 
 
 class PRMConfig(Section):
-    """`prm`: the process reward model, the policy's architecture with a score head at each line end."""
+    """`prm`: the process reward model, the policy's architecture with a score head at every token of a line."""
 
     seed: int = Field(0, description="RNG seed for the head's initialisation and data order")
     sources: list[Literal["gold", "mcts"]] = Field(
         ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
     )
-    learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
+    learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
     num_train_epochs: float = Field(2.0, gt=0, description="passes over the labelled paths")

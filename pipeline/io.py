@@ -149,6 +149,8 @@ def write_manifest(
     """How this output was made (resolved params, input hashes, seed, versions), as `folder/name`.
 
     Model folders pass `paths.MODEL_MANIFEST`: their `config.json` is the Hugging Face model config.
+    Wall-clock figures in `extra` (a stage's metrics) are left out: a rerun that makes the same output
+    writes the same bytes, so DVC does not see a changed folder and re-run every stage after it.
     """
     params_dict = params.model_dump(mode="json") if hasattr(params, "model_dump") else dict(params)
     manifest = {
@@ -157,9 +159,20 @@ def write_manifest(
         "seed": params_dict.get("seed"),
         "inputs": {str(p): hash_path(p) for p in inputs},
         "versions": library_versions(),
-        **extra,
+        **untimed(extra),
     }
     write_json(Path(folder) / name, manifest)
+
+
+def untimed(value: Any) -> Any:
+    """`value` without the keys that hold wall-clock measurements (seconds, throughputs), at any depth."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not _is_timing(k)}
+    return value
+
+
+def _is_timing(key: str) -> bool:
+    return "seconds" in key or key.endswith(("tokens_per_second", "questions_per_second", "seconds_per_step"))
 
 
 # The reasoning-example contract of DESIGN.md, plus `prompt` (the serialized chart and question).

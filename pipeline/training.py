@@ -215,19 +215,20 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
 
 
 class PRMTrainer(Trainer):
-    """transformers' Trainer with the PRM loss at the scored line ends (pipeline.prm.prm_loss)."""
+    """transformers' Trainer with the PRM loss on the scored lines' token spans (pipeline.prm.prm_loss)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         from pipeline.prm import prm_loss
 
-        positions, labels, kinds = (inputs.pop(k) for k in ("score_positions", "score_labels", "score_kinds"))
+        starts, ends, labels, kinds = (inputs.pop(k) for k in ("score_starts", "score_ends", "score_labels",
+                                                               "score_kinds"))
         outputs = model(**inputs)
-        loss = prm_loss(outputs.logits.float(), positions, labels, kinds)
+        loss = prm_loss(outputs.logits, inputs["input_ids"], starts, ends, labels, kinds)
         return (loss, outputs) if return_outputs else loss
 
 
 def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
-    """Train a token-classification PRM in place on step-label rows; `cfg` is the `prm` section."""
+    """Train a PRM (`pipeline.prm.prm_from_policy`) in place on step-label rows; `cfg` is the `prm` section."""
     from transformers import TrainingArguments
 
     from pipeline.generation import pad_id
@@ -235,11 +236,11 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
 
     features, too_long = [], 0
     encoded = encode_many(tokenizer, [r["prompt"] for r in rows], [r["steps"] for r in rows])
-    for r, (ids, positions) in zip(rows, encoded):
+    for r, (ids, spans) in zip(rows, encoded):
         if len(ids) > cfg.max_length:
             too_long += 1
             continue
-        features.append({"input_ids": ids, "positions": positions, "line_labels": list(r["labels"]),
+        features.append({"input_ids": ids, "spans": spans, "line_labels": list(r["labels"]),
                          "kind": LABEL_KINDS[r["source"]]})
     args = TrainingArguments(
         output_dir=str(work_dir),
@@ -254,7 +255,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         save_strategy="no",
         report_to="none",
         dataloader_num_workers=0,
-        remove_unused_columns=False,  # the collator needs positions, labels and kinds
+        remove_unused_columns=False,  # the collator needs spans, labels and kinds
         **device_kwargs(),
     )
     before = snapshot(model)
@@ -265,7 +266,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     seconds = time.perf_counter() - start
     return {
         "paths": len(features),
-        "lines": sum(len(f["positions"]) for f in features),
+        "lines": sum(len(f["spans"]) for f in features),
         "too_long": too_long,
         "train_loss": round(result.training_loss, 4),
         "steps": result.global_step,

@@ -30,12 +30,6 @@ def run(cfg: BaseModelConfig, train_rows: list[dict]):
     return build_student(cfg, tokenizer), tokenizer
 
 
-def untimed(metrics: dict) -> dict:
-    """The metrics without wall-clock seconds: the model folder's manifest stays byte-identical on a rerun,
-    so DVC does not see a changed models/base (and re-run everything after it) when nothing else changed."""
-    return {k: untimed(v) if isinstance(v, dict) else v for k, v in metrics.items() if k != "seconds"}
-
-
 def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
     train_file = paths.split_file("train")
     rows = read_rows(train_file, required=("prompt", "rationale"))
@@ -65,7 +59,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
             write_json(live_dir / "metrics.json", {"drills": f"none: {cfg.model} is loaded, not built"})
         stage_logger().info("base model: %s", metrics)
         save_model(model, tokenizer, tmp)
-        write_manifest(tmp, "base", cfg, inputs=[train_file], name=paths.MODEL_MANIFEST, metrics=untimed(metrics))
+        write_manifest(tmp, "base", cfg, inputs=[train_file], name=paths.MODEL_MANIFEST, metrics=metrics)
     write_json(paths.metrics_file("base"), metrics)
 
 

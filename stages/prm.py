@@ -1,9 +1,9 @@
 """python -m stages.prm
 
-The process reward model: the policy's architecture and weights (`prm_data.policy`,
-default models/sft) with a one-logit token-classification head, trained on
-data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
-labels; `prm.sources` picks which). Scored on the held-out gold labels of
+The process reward model: the policy's causal LM (`prm_data.policy`, default
+models/sft) whose LM head is read as a verdict on each token of a line
+(pipeline/prm.py), trained on data/prm_data/train.parquet (BCE on gold 0/1
+labels, MSE on MCTS log_boost labels; `prm.sources` picks which). Scored on the held-out gold labels of
 validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
@@ -24,7 +24,7 @@ from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_man
 from pipeline.models import load_tokenizer, save_model
 from pipeline.plots import reliability_chart
 from pipeline.prm import (
-    AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal,
+    AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal, prm_from_policy,
 )
 from pipeline.training import prm_train
 
@@ -81,17 +81,15 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
 
 
 def _flow(cfg: PRMConfig, policy: str) -> None:
-    from transformers import AutoModelForTokenClassification
-
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
     val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
     if not rows:
         raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
     policy_dir = paths.model_dir(policy)
-    torch.manual_seed(cfg.seed)  # the new score head
+    torch.manual_seed(cfg.seed)  # the data order
     tokenizer = load_tokenizer(policy_dir)
-    model = AutoModelForTokenClassification.from_pretrained(str(policy_dir), num_labels=1)
+    model = prm_from_policy(policy_dir)
     out_dir = paths.model_dir("prm")
     with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
         metrics = prm_train(cfg, model, tokenizer, rows, out / ".trainer", live)

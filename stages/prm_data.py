@@ -6,11 +6,17 @@ policy's own steps (`prm_data.policy`, default models/sft):
 - gold: `samples` sampled completions per question; each line is labelled by
   the Chain-of-Functions gold chain (pipeline/prm.line_labels: step k is 1 if
   its value matches gold step k, the Answer line 1 if the answer is right).
-  On `gold_questions` training questions (train.parquet) and on `val_questions`
+  On `gold_questions` new training questions and on `val_questions`
   validation questions (val.parquet, the PRM's held-out set).
-- mcts: PROPA's tree search with the policy on `mcts_questions` other training
+- mcts: PROPA's tree search with the policy on `mcts_questions` other new
   questions (pipeline/search.mcts with greedy rollouts); one row per leaf path,
   each node labelled log_boost(Q).
+
+The training questions are new: the CoF generator again with `question_seed`
+(pipeline/cof/generate.more_train_questions), in the training split's share of
+question texts. The policy never trained on them, so its mistakes there are the
+ones it makes at test time, and there are as many as the PRM needs (on the
+6,000 training questions it had learned, it erred less and differently).
 
 Rows follow DESIGN.md's step-label contract (prompt, steps, labels, source) plus
 id and task_type. metrics/prm_data.json has the label balance per source and
@@ -25,10 +31,11 @@ import time
 import pyarrow as pa
 
 from pipeline import paths
-from pipeline.config import PRMDataConfig, load_section
+from pipeline.cof.generate import more_train_questions
+from pipeline.config import PRMDataConfig, SynthesizeConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
+from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
 from pipeline.prm import auroc, line_labels, log_boost, scored_lines
@@ -94,14 +101,23 @@ def agreement(rows: list[dict], by_id: dict[str, dict]) -> dict:
     return {"lines": len(gold), "agreement": round(agree, 4), "auroc": None if area is None else round(area, 4)}
 
 
-def _flow(cfg: PRMDataConfig) -> None:
-    train_file, val_file, model_dir = paths.split_file("train"), paths.split_file("val"), paths.model_dir(cfg.policy)
-    train = read_rows(train_file, required=EXAMPLE_COLUMNS)
+def new_questions(cfg: PRMDataConfig, synth: SynthesizeConfig, val: list[dict]) -> list[dict]:
+    """gold_questions + mcts_questions new training questions, none with a validation question's prompt."""
+    held_out = {q["prompt"] for q in val}
+    wanted = cfg.gold_questions + cfg.mcts_questions
+    # A few more than wanted, for the (rare) prompt that equals a validation one.
+    questions = [q for q in more_train_questions(synth, wanted + wanted // 100 + 1, cfg.question_seed, prefix="prm")
+                 if q["prompt"] not in held_out]
+    return questions[:wanted]
+
+
+def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
+    val_file, model_dir = paths.split_file("val"), paths.model_dir(cfg.policy)
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
     model, tokenizer = load_model(model_dir)
     rng = random.Random(cfg.seed)
-    gold_q = sample_rows(train, cfg.gold_questions, rng)
-    mcts_q = sample_rows(train, cfg.mcts_questions, rng, exclude={q["id"] for q in gold_q})
+    fresh = new_questions(cfg, synth, val)
+    gold_q, mcts_q = fresh[: cfg.gold_questions], fresh[cfg.gold_questions :]
     val_q = sample_rows(val, cfg.val_questions, rng)
     sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
     log = stage_logger()
@@ -132,8 +148,7 @@ def _flow(cfg: PRMDataConfig) -> None:
     with atomic_dir(paths.stage_data("prm_data")) as out:
         write_rows(out / "train.parquet", gold_train + searched, schema=STEP_LABEL_SCHEMA)
         write_rows(out / "val.parquet", gold_val, schema=STEP_LABEL_SCHEMA)
-        counts = {k: v for k, v in metrics.items() if "second" not in k}
-        write_manifest(out, "prm_data", cfg, inputs=[model_dir, train_file, val_file], counts=counts)
+        write_manifest(out, "prm_data", cfg, inputs=[model_dir, val_file], counts=metrics)
     with atomic_dir(paths.live_dir("prm_data")) as out:
         shares = {f"{source} (>= 0.5)": metrics[source]["share_at_least_half"] or 0.0 for source in ("gold", "mcts")}
         write_json(out / "label_balance.json", [{"source": k, "share": v} for k, v in shares.items()])
@@ -145,7 +160,11 @@ def _flow(cfg: PRMDataConfig) -> None:
 def main() -> None:
     with expected_errors():
         cfg = load_section("prm_data", PRMDataConfig)
-    run_stage("prm_data", _flow, cfg)
+        synth = load_section("synthesize", SynthesizeConfig)
+        if cfg.question_seed == synth.seed:
+            raise InputError(f"params.yaml: prm_data.question_seed ({cfg.question_seed}) must differ from "
+                             "synthesize.seed: the same seed draws the tables the policy trained on")
+    run_stage("prm_data", _flow, cfg, synth)
 
 
 if __name__ == "__main__":

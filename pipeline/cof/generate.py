@@ -222,3 +222,18 @@ def generate_dataset(cfg: SynthesizeConfig) -> tuple[dict[str, list[dict]], dict
     gen = _Generator(cfg)
     gen.run()
     return gen.rows, gen.stats()
+
+
+def more_train_questions(cfg: SynthesizeConfig, n: int, seed: int, prefix: str = "more") -> list[dict]:
+    """`n` new training-split questions on new tables: the generator again, with another seed.
+
+    Every split size is scaled by one whole factor, so the question-to-split hash
+    keeps its edges: a question text that `cfg` puts in val or test is never
+    among these (and none is out-of-domain). Ids are `<prefix>-000000`..., apart
+    from the dataset's own.
+    """
+    factor = -(-n // cfg.n_train)  # ceil
+    scaled = cfg.model_copy(update={"seed": seed, "n_train": cfg.n_train * factor, "n_val": cfg.n_val * factor,
+                                    "n_test": cfg.n_test * factor, "n_ood": 0, "render_charts": 0})
+    rows = generate_dataset(scaled)[0]["train"][:n]
+    return [{**row, "id": f"{prefix}-{i:06d}"} for i, row in enumerate(rows)]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForTokenClassification, TrainerCallback
+from transformers import TrainerCallback
 
 from pipeline import training
 from pipeline.config import BaseModelConfig, PRMConfig, TrainConfig
 from pipeline.generation import generate
 from pipeline.models import build_student, load_model, save_model, train_tokenizer
-from pipeline.prm import PRMScorer, line_labels, scored_lines
+from pipeline.prm import PRMScorer, line_labels, prm_from_policy, scored_lines
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -73,8 +73,7 @@ def test_sampling_on_the_gpu_is_seeded(saved):
 
 
 def test_prm_scores_on_the_gpu_match_the_cpu(saved):
-    torch.manual_seed(0)  # the new score head
-    head = AutoModelForTokenClassification.from_pretrained(str(saved), num_labels=1)
+    head = prm_from_policy(saved)  # untrained: the policy's own LM head read as verdicts
     save_model(head, load_model(saved, device="cpu")[1], saved.parent / "prm")
     gpu = PRMScorer.load(saved.parent / "prm")
     cpu = PRMScorer.load(saved.parent / "prm", device="cpu")
@@ -98,7 +97,7 @@ def test_sft_trains_on_the_gpu(saved, tmp_path, no_dvclive):
 
 def test_prm_trains_on_the_gpu(saved, tmp_path, no_dvclive):
     tok = load_model(saved, device="cpu")[1]
-    model = AutoModelForTokenClassification.from_pretrained(str(saved), num_labels=1)
+    model = prm_from_policy(saved)
     rows = []
     for text in TEXTS[:32]:
         prompt, completion = text.split("\n", 1)

@@ -187,6 +187,8 @@ def test_prm_data_labels_policy_steps_from_gold_values_and_mcts(workspace):
     val = read_rows(paths.split_file("val", "prm_data"))
     # The 12-step tiny policy rarely writes a Step or Answer line: gold rows may be few, MCTS paths always exist.
     assert "mcts" in {r["source"] for r in rows} <= {"gold", "mcts"} and {r["source"] for r in val} <= {"gold"}
+    # Training paths come from new questions (ids apart from the dataset's), the held-out ones from val.parquet.
+    assert all(r["id"].startswith("prm-") for r in rows) and all(r["id"].startswith("val-") for r in val)
     for r in rows + val:
         assert len(r["steps"]) == len(r["labels"]) > 0
         assert all(0.0 <= y <= 1.0 for y in r["labels"])
@@ -196,6 +198,25 @@ def test_prm_data_labels_policy_steps_from_gold_values_and_mcts(workspace):
     assert metrics["gold"]["lines"] == sum(len(r["labels"]) for r in rows if r["source"] == "gold")
     assert metrics["mcts_vs_gold"]["lines"] == sum(len(r["labels"]) for r in rows if r["source"] == "mcts")
     assert (paths.live_dir("prm_data") / "label_balance.png").exists()
+
+
+def test_prm_data_refuses_the_policys_own_question_seed(workspace, capsys):
+    import copy
+
+    from stages import prm_data
+
+    params = copy.deepcopy(TINY_PARAMS)
+    params["prm_data"]["question_seed"] = params["synthesize"]["seed"]
+    before = (paths.stage_data("prm_data") / "train.parquet").read_bytes()
+    write_params(workspace, params)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            prm_data.main()
+    finally:
+        write_params(workspace)
+    assert exc.value.code == 2
+    assert "prm_data.question_seed" in capsys.readouterr().err
+    assert (paths.stage_data("prm_data") / "train.parquet").read_bytes() == before
 
 
 def test_prm_trains_a_score_head_and_reports_held_out_auroc(workspace):
@@ -212,10 +233,10 @@ def test_prm_trains_a_score_head_and_reports_held_out_auroc(workspace):
     calibration = json.loads((paths.live_dir("prm") / "calibration.json").read_text())
     assert sum(b["lines"] for b in calibration) == metrics["held_out"]["lines"]
     assert (paths.live_dir("prm") / "calibration.png").exists()
-    from transformers import AutoModelForTokenClassification
+    from pipeline.prm import PRMScorer
 
-    model = AutoModelForTokenClassification.from_pretrained(str(paths.model_dir("prm")))
-    assert model.config.num_labels == 1
+    scorer = PRMScorer.load(paths.model_dir("prm"), device="cpu")  # a marked PRM: the policy's LM read as verdicts
+    assert scorer.score(["Question: ?\n"], [["Step 1: x.", "Answer: 1"]])[0] != []
 
 
 def test_evaluate(workspace):

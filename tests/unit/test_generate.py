@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.cof import generate
 from pipeline.cof.core import FUNCTIONS
-from pipeline.cof.generate import SPLITS, generate_dataset, parse_held_out, task_type
+from pipeline.cof.generate import SPLITS, generate_dataset, more_train_questions, parse_held_out, task_type
 from pipeline.cof.tables import random_table
 from pipeline.config import SynthesizeConfig
 from pipeline.grading import extract_answer, grade, step_accuracy
@@ -81,6 +81,19 @@ def test_no_question_or_table_is_shared_across_splits(large):
                 assert owner.setdefault(r[column], split) == split, (column, r[column])
     tables = [r["table"] for r in all_rows(rows)]
     assert len(set(tables)) == len(tables)  # one question per table
+
+
+def test_more_train_questions_keep_the_question_split_and_new_tables(small):
+    """The PRM's new questions: another seed, so new tables, and never a question text of val, test or ood."""
+    rows, _ = small
+    more = more_train_questions(SMALL, 150, seed=4, prefix="prm")  # 150 of 60: the sizes scaled by 3
+    assert len(more) == 150 and [r["id"] for r in more[:2]] == ["prm-000000", "prm-000001"]
+    assert {r["split"] for r in more} == {"train"} and max(r["chain_length"] for r in more) <= SMALL.max_chain_length
+    scaled, _ = generate_dataset(SMALL.model_copy(update={"n_train": 180, "n_val": 30, "n_test": 30, "n_ood": 0}))
+    # Same question texts in the same split: hash edges unmoved by a whole scale factor.
+    held_out = {r["question"] for split in ("val", "test") for r in rows[split] + scaled[split]}
+    assert not held_out & {r["question"] for r in more}
+    assert not {r["table"] for r in all_rows(rows)} & {r["table"] for r in more}
 
 
 def test_a_table_is_used_once_even_when_drawn_again(monkeypatch):

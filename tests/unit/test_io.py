@@ -48,3 +48,14 @@ def test_manifest_records_inputs_seed_and_versions(tmp_path):
     assert manifest["seed"] == 3 and manifest["params"]["lr"] == 0.1
     assert manifest["inputs"][str(tmp_path / "in.txt")] == hash_path(tmp_path / "in.txt")
     assert {"torch", "transformers", "trl"} <= set(manifest["versions"])
+
+
+def test_manifest_leaves_out_wall_clock_figures(tmp_path):
+    """A rerun that makes the same output writes the same manifest: no seconds or throughputs, at any depth."""
+    import json
+
+    metrics = {"train_loss": 0.5, "train_seconds": 3.2, "tokens_per_second": 900.0, "frames_per_second": 8,
+               "drills": {"colour": {"exact": 1.0, "seconds": 12.0}}, "seconds_per_question": 0.1}
+    write_manifest(tmp_path, "demo", {"seed": 0}, metrics=metrics)
+    manifest = json.loads((tmp_path / "config.json").read_text())
+    assert manifest["metrics"] == {"train_loss": 0.5, "frames_per_second": 8, "drills": {"colour": {"exact": 1.0}}}

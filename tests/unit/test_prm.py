@@ -1,5 +1,5 @@
 """The PRM's pieces on hand-computed cases: scored lines, gold labels, log_boost, aggregation, AUROC,
-calibration, the loss, encoding positions, batched scoring and the tokenizer check."""
+calibration, the loss, line spans, batched scoring and the tokenizer check."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForTokenClassification
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from pipeline.io import InputError
 from pipeline.models import train_tokenizer
 from pipeline.prm import (
-    EMPTY_SCORE, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
-    expected_calibration_error, gather_logits, shared_prefix, line_labels, log_boost, prm_loss, scored_lines,
+    EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
+    expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_loss, scored_lines,
 )
 
 ROW = {
@@ -34,9 +34,9 @@ def tokenizer():
 def prm(tokenizer):
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1,
-                         pad_token_id=tokenizer.pad_token_id)
-    return Qwen2ForTokenClassification(config).eval()
+                         num_attention_heads=2, num_key_value_heads=1, pad_token_id=tokenizer.pad_token_id)
+    setattr(config, PRM_MARK, "next_token")
+    return Qwen2ForCausalLM(config).eval()
 
 
 def test_scored_lines_are_step_lines_then_the_first_answer_line():
@@ -90,26 +90,45 @@ def test_calibration_table_and_ece():
     assert expected_calibration_error(table) == pytest.approx((2 * 0.45 + 2 * 0.025) / 4, abs=1e-4)
 
 
+def test_a_token_verdict_is_the_logit_of_that_token_one_position_before():
+    logits = torch.tensor([[[0.0, 9.0], [2.0, -1.0], [5.0, 5.0]]])  # [1, T=3, V=2]
+    ids = torch.tensor([[1, 0, 1]])
+    got = token_verdicts(logits, ids)
+    # token 0: nothing before it; token 1 (id 0) read at position 0 (logit 0.0); token 2 (id 1) at 1 (-1.0)
+    assert got[0].exp().tolist() == pytest.approx([1.0, 0.5, 1 / (1 + math.e)])
+
+
 def test_loss_is_bce_on_gold_and_mse_on_mcts_labels():
-    logits = torch.zeros(1, 4, 1)  # sigmoid 0.5 everywhere
-    positions = torch.tensor([[1, 3, -1]])
-    gold = prm_loss(logits, positions, torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0, 0, 0]]))
-    assert gold.item() == pytest.approx(math.log(2))
-    mcts = prm_loss(logits, positions, torch.tensor([[0.9, 0.1, 0.0]]), torch.tensor([[1, 1, 1]]))
-    assert mcts.item() == pytest.approx(0.16)
+    logits, ids = torch.zeros(1, 5, 3), torch.tensor([[0, 1, 2, 1, 0]])  # every verdict sigmoid(0) = 0.5
+    # line 1: tokens 1-2 (P(right) = 0.25), line 2: token 3 (0.5), a padding slot
+    starts, ends = torch.tensor([[1, 3, -1]]), torch.tensor([[3, 4, -1]])
+    log_p, valid = line_log_probs(token_verdicts(logits, ids), starts, ends)
+    assert log_p[0, :2].exp().tolist() == pytest.approx([0.25, 0.5]) and valid.tolist() == [[True, True, False]]
+    gold = prm_loss(logits, ids, starts, ends, torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0, 0, 0]]))
+    assert gold.item() == pytest.approx((math.log(4) + math.log(2)) / 2, abs=1e-5)  # -ln 0.25, -ln(1 - 0.5)
+    mcts = prm_loss(logits, ids, starts, ends, torch.tensor([[0.9, 0.1, 0.0]]), torch.tensor([[1, 1, 1]]))
+    assert mcts.item() == pytest.approx(((0.25 - 0.9) ** 2 + (0.5 - 0.1) ** 2) / 2)
 
 
-def test_encode_scores_the_last_token_of_each_line(tokenizer):
+def test_a_wrong_line_still_learns_when_its_tokens_are_sure():
+    """A line scored 1.0 (log p rounds to 0) but labelled 0: a finite loss with a gradient that lowers it."""
+    logits, ids = torch.full((1, 4, 2), 40.0, requires_grad=True), torch.tensor([[0, 1, 1, 0]])
+    loss = prm_loss(logits, ids, torch.tensor([[1]]), torch.tensor([[4]]), torch.tensor([[0.0]]), torch.tensor([[0]]))
+    loss.backward()
+    assert math.isfinite(loss.item()) and loss.item() > 5
+    read = logits.grad[0, torch.arange(3), ids[0, 1:]]  # the logit each verdict reads
+    assert (read > 0).all()  # gradient descent lowers every one
+
+
+def test_encode_spans_each_line_token_by_token(tokenizer):
     prompt = "Chart: bar.\nQuestion: What is it?\n"
     lines = scored_lines(RIGHT)
-    ids, positions = encode(tokenizer, prompt, lines)
-    assert len(positions) == len(lines)
-    text = tokenizer.decode(ids)
-    assert text == prompt + "\n".join(lines)
-    # the token at each position ends its line: the next token starts with a newline (or the text ends)
-    for pos, line in zip(positions, lines):
-        assert line.endswith(tokenizer.decode([ids[pos]]).strip() or line[-1])
-        assert pos == len(ids) - 1 or tokenizer.decode([ids[pos + 1]]).startswith("\n")
+    ids, spans = encode(tokenizer, prompt, lines)
+    assert len(spans) == len(lines)
+    assert tokenizer.decode(ids) == prompt + "\n".join(lines)
+    for (a, b), line in zip(spans, lines):
+        assert tokenizer.decode(ids[a:b]).strip("\n") == line  # the line's tokens and nothing else
+    assert spans[-1][1] == len(ids) and all(b <= a2 for (_, b), (a2, _) in zip(spans, spans[1:]))
 
 
 def test_batched_scores_equal_one_at_a_time_and_no_lines_is_defined(tokenizer, prm):
@@ -146,11 +165,11 @@ def test_prefix_shared_scores_equal_a_full_forward_pass_per_pair(tokenizer, prm,
     got = scorer.score([p for p, _ in pairs], [ls for _, ls in pairs])
     full_tokens = 0
     for (prompt, lines), scores in zip(pairs, got):
-        batch = collate([dict(zip(("input_ids", "positions"), encode(tokenizer, prompt, lines)))], tokenizer.pad_token_id)
+        batch = collate([dict(zip(("input_ids", "spans"), encode(tokenizer, prompt, lines)))], tokenizer.pad_token_id)
         with torch.inference_mode():
             logits = prm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        picked, _ = gather_logits(logits, batch["score_positions"])
-        assert scores == pytest.approx(torch.sigmoid(picked[0]).tolist(), abs=1e-5)
+        log_p, _ = line_log_probs(token_verdicts(logits, batch["input_ids"]), batch["score_starts"], batch["score_ends"])
+        assert scores == pytest.approx(log_p[0].exp().tolist(), abs=1e-5)
         full_tokens += batch["input_ids"].shape[1]
     if batch_size == 1:
         assert scorer.tokens == full_tokens
@@ -166,12 +185,14 @@ def test_equal_pairs_are_read_once(tokenizer, prm):
     assert twice.tokens == once.tokens
 
 
-def test_collate_pads_right_and_marks_padding_positions():
-    batch = collate([{"input_ids": [5, 6, 7], "positions": [1, 2], "line_labels": [1.0, 0.0], "kind": 0},
-                     {"input_ids": [8], "positions": [0], "line_labels": [0.5], "kind": 1}], pad_value=0)
+def test_collate_pads_right_and_marks_padding_slots():
+    batch = collate([{"input_ids": [5, 6, 7], "spans": [(0, 2), (2, 3)], "line_labels": [1.0, 0.0], "kind": 0},
+                     {"input_ids": [8], "spans": [(0, 1)], "line_labels": [0.5], "kind": 1}], pad_value=0)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["score_positions"].tolist() == [[1, 2], [0, -1]]
+    assert batch["score_starts"].tolist() == [[0, 2], [0, -1]]
+    assert batch["score_ends"].tolist() == [[2, 3], [1, -1]]
+    assert batch["score_labels"].tolist() == [[1.0, 0.0], [0.5, 0.0]]
     assert batch["score_kinds"].tolist() == [[0, 0], [1, 0]]  # a padding slot is masked out anyway
 
 
@@ -180,6 +201,17 @@ def test_a_prm_with_another_tokenizer_fails_with_a_clear_message(tokenizer):
     check_tokenizer(tokenizer, tokenizer, "models/prm", "models/sft")  # the same: no error
     with pytest.raises(InputError, match=r"models/prm: the PRM's tokenizer .* does not match the policy's at models/x"):
         check_tokenizer(tokenizer, other, "models/prm", "models/x")
+
+
+def test_loading_a_policy_as_the_prm_fails_with_a_clear_message(tokenizer, prm, tmp_path):
+    policy = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in prm.config.to_dict().items() if k != PRM_MARK}))
+    policy.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    with pytest.raises(InputError, match=r"policy: not a PRM checkpoint .*python -m stages.prm"):
+        PRMScorer.load(tmp_path / "policy", device="cpu")
+    prm.save_pretrained(tmp_path / "prm")
+    tokenizer.save_pretrained(tmp_path / "prm")
+    assert PRMScorer.load(tmp_path / "prm", device="cpu").score(["Q\n"], [["Answer: 9"]])[0][0] > 0
 
 
 def test_within_question_pair_accuracy_ignores_question_difficulty():
