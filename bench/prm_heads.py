@@ -1,0 +1,209 @@
+"""python bench/prm_heads.py --head lm --questions 8000 --steps 1600 [--perturbed]
+
+Which PRM head can check a step: one PRM trained per run from the policy
+(`prm_data.policy`, default models/sft) on the same kind of labels, measured the
+way issue 5 states its targets: held-out AUROC and within-question pair accuracy
+on data/prm_data/val.parquet (stages.prm.held_out), best-of-4 on the first 200
+test questions against greedy, maj@4 and a random sample.
+
+Heads (`--head`):
+- line_end: a one-logit token-classification head read at the last token of
+  each line (this project's PRM before the LM head);
+- token: the same one-logit head at every token of a line; the line's score is
+  the product of the token sigmoids (BCE on the product, line labels only);
+- lm: the pipeline's PRM (pipeline/prm.py): the policy's LM head, the verdict
+  on token t being sigmoid(logit of t at position t - 1), product over the line.
+
+Labels: the policy's samples (4 at T 0.8, distinct ones kept) on `--questions`
+new training questions from the CoF generator (seed `--question-seed`), each
+line labelled by the gold chain; `--perturbed` adds, per question, 2 gold
+chains of which 60% are cut after one step whose value was changed (as in
+bench/prm_variants.py). Training: AdamW, `--lr`, cosine with 5% warm-up,
+`--steps` batches of `--batch`. Nothing under models/ or data/ changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prm_variants import perturb_step  # noqa: E402
+
+from pipeline import paths  # noqa: E402
+from pipeline.cof.generate import more_train_questions  # noqa: E402
+from pipeline.config import PRMDataConfig, SynthesizeConfig, load_section  # noqa: E402
+from pipeline.evaluation import score as grade  # noqa: E402
+from pipeline.generation import LocalSampler, pad, pad_id  # noqa: E402
+from pipeline.grading import extract_answer  # noqa: E402
+from pipeline.io import read_rows  # noqa: E402
+from pipeline.models import load_model  # noqa: E402
+from pipeline.prm import (  # noqa: E402
+    AGGREGATIONS, aggregate, encode_many, line_labels, line_log_probs, prm_from_policy, scored_lines, token_verdicts,
+)
+from stages.prm import held_out  # noqa: E402
+
+
+class Head:
+    """A PRM under test: the model and how its logits become line scores (log P(line right))."""
+
+    def __init__(self, kind: str, policy_dir: Path, tokenizer) -> None:
+        from transformers import AutoModelForTokenClassification
+
+        self.kind, self.tokenizer, self.pad = kind, tokenizer, pad_id(tokenizer)
+        if kind == "lm":
+            self.model = prm_from_policy(policy_dir)
+        else:
+            self.model = AutoModelForTokenClassification.from_pretrained(str(policy_dir), num_labels=1)
+
+    def line_log_probs(self, encoded: list) -> list[torch.Tensor]:
+        ids, mask = pad([e[0] for e in encoded], self.pad)
+        logits = self.model(input_ids=ids, attention_mask=mask).logits
+        slots = max(len(e[1]) for e in encoded)
+        starts = torch.full((len(encoded), slots), -1)
+        ends = torch.full((len(encoded), slots), -1)
+        for i, (_, spans) in enumerate(encoded):
+            if spans:
+                starts[i, : len(spans)], ends[i, : len(spans)] = torch.tensor(spans).T
+        if self.kind == "line_end":  # one logit, at the line's last token
+            picked = logits.squeeze(-1).float().gather(1, (ends - 1).clamp(min=0))
+            log_p = F.logsigmoid(picked)
+        else:
+            verdicts = token_verdicts(logits, ids) if self.kind == "lm" else F.logsigmoid(logits.squeeze(-1).float())
+            log_p, _ = line_log_probs(verdicts, starts, ends)
+        return [log_p[i, : len(spans)] for i, (_, spans) in enumerate(encoded)]
+
+    @torch.inference_mode()
+    def score(self, prompts: list[str], lines: list[list[str]]) -> list[list[float]]:
+        """The PRMScorer interface (stages.prm.held_out): P(line right) per line, [] for a pair without lines."""
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in prompts]
+        todo = [i for i, ls in enumerate(lines) if ls]
+        for start in range(0, len(todo), 64):
+            chunk = todo[start : start + 64]
+            encoded = encode_many(self.tokenizer, [prompts[i] for i in chunk], [lines[i] for i in chunk])
+            for i, log_p in zip(chunk, self.line_log_probs(encoded)):
+                out[i] = log_p.exp().tolist()
+        return out
+
+
+def labelled_paths(questions: list[dict], policy, tokenizer, perturbed: bool, seed: int) -> list[tuple]:
+    """(prompt, lines, labels) of the policy's distinct samples, and of perturbed gold chains when asked."""
+    rng = random.Random(seed)
+    drawn = LocalSampler(policy, tokenizer, 512).sample([q["prompt"] for q in questions], n=4, temperature=0.8,
+                                                        max_new_tokens=128, seed=seed)
+    out = []
+    for q, gens in zip(questions, drawn):
+        for lines in {tuple(scored_lines(g.text)) for g in gens}:
+            if lines:
+                out.append((q["prompt"], list(lines), line_labels(lines, q)))
+        if perturbed:
+            gold = [line.strip() for line in q["rationale"].splitlines() if line.strip()]
+            steps = [line for line in gold if line.startswith("Step")]
+            for _ in range(2):
+                path = gold
+                if steps and rng.random() > 0.4:
+                    k = rng.randrange(len(steps))
+                    wrong = perturb_step(steps[k], q["prompt"], rng)
+                    if wrong and wrong != steps[k]:
+                        path = steps[:k] + [wrong]
+                out.append((q["prompt"], path, line_labels(path, q)))
+    return out
+
+
+def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, seed: int, report) -> None:
+    encoded = encode_many(head.tokenizer, [e[0] for e in examples], [e[1] for e in examples])
+    opt = torch.optim.AdamW(head.model.parameters(), lr=lr, weight_decay=0.01)
+    warm = max(1, int(0.05 * steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
+    rng = random.Random(seed)
+    for step in range(steps):
+        head.model.train()
+        picks = rng.sample(range(len(examples)), batch)
+        log_ps = head.line_log_probs([encoded[i] for i in picks])
+        losses = []
+        for i, log_p in zip(picks, log_ps):
+            y = torch.tensor(examples[i][2], dtype=torch.float)
+            losses.append(-(y * log_p + (1 - y) * torch.log(-torch.expm1(log_p - 1e-6))))
+        loss = torch.cat(losses).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        report(step + 1, loss.item())
+
+
+def best_of_4(head: Head, policy, tokenizer, test: list[dict]) -> dict:
+    sampler = LocalSampler(policy, tokenizer, 64)
+    greedy = [g[0].text for g in sampler.sample([r["prompt"] for r in test], max_new_tokens=192)]
+    drawn = sampler.sample([r["prompt"] for r in test], n=4, temperature=0.8, max_new_tokens=192, seed=0)
+    texts = [[g.text for g in gens] for gens in drawn]
+    right = [[grade(r, t, 0)["correct"] for t in ts] for r, ts in zip(test, texts)]
+
+    def voted(ts: list[str]) -> int:
+        answers = [extract_answer(t) for t in ts]
+        top = Counter(a for a in answers if a).most_common(1)
+        return answers.index(top[0][0]) if top else 0
+
+    scores = head.score([r["prompt"] for r in test for _ in range(4)], [scored_lines(t) for ts in texts for t in ts])
+    out = {
+        "greedy": sum(grade(r, t, 0)["correct"] for r, t in zip(test, greedy)) / len(test),
+        "maj_at_4": sum(rs[voted(ts)] for rs, ts in zip(right, texts)) / len(test),
+        "random_sample": sum(map(sum, right)) / (4 * len(test)),
+        "pass_at_4": sum(map(any, right)) / len(test),
+    }
+    for how in AGGREGATIONS:
+        picked = [max(range(4), key=lambda j: aggregate(scores[4 * q + j], how)) for q in range(len(test))]
+        out[f"best_of_4_{how}"] = sum(rs[j] for rs, j in zip(right, picked)) / len(test)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head", choices=("line_end", "token", "lm"), default="lm")
+    parser.add_argument("--questions", type=int, default=8000, help="new training questions sampled")
+    parser.add_argument("--question-seed", type=int, default=101)
+    parser.add_argument("--perturbed", action="store_true", help="add perturbed gold chains")
+    parser.add_argument("--steps", type=int, default=1600)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--evals", type=int, default=4, help="held-out measurements during training")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    policy_dir = paths.model_dir(load_section("prm_data", PRMDataConfig).policy)
+    policy, tokenizer = load_model(policy_dir)
+    questions = more_train_questions(load_section("synthesize", SynthesizeConfig), args.questions,
+                                     args.question_seed, prefix="bench")
+    start = time.perf_counter()
+    examples = labelled_paths(questions, policy, tokenizer, args.perturbed, seed=0)
+    print(json.dumps({"args": vars(args), "paths": len(examples),
+                      "labelling_seconds": round(time.perf_counter() - start, 1)}), flush=True)
+    val = read_rows(paths.split_file("val", "prm_data"))
+    head = Head(args.head, policy_dir, tokenizer)
+    start, every = time.perf_counter(), max(args.steps // args.evals, 1)
+
+    def report(step: int, loss: float) -> None:
+        if step % every == 0:
+            metrics, _ = held_out(head, val)
+            print(json.dumps({"step": step, "loss": round(loss, 4), "seconds": round(time.perf_counter() - start),
+                              "auroc": metrics["auroc"], "auroc_steps": metrics["auroc_steps"],
+                              "accuracy": metrics["accuracy"], "pairs": metrics["within_question"]}), flush=True)
+
+    train(head, examples, args.steps, args.lr, args.batch, seed=1, report=report)
+    print(json.dumps({"best_of_4": best_of_4(head, policy, tokenizer, read_rows(paths.split_file("test"))[:200])}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
