@@ -409,9 +409,9 @@ class PRMDataConfig(Section):
 
 
 class PRMConfig(Section):
-    """`prm`: the process reward model, the policy's architecture with a score head at every token of a line."""
+    """`prm`: the process reward model, the policy's LM read as a verdict on every token of a line."""
 
-    seed: int = Field(0, description="RNG seed for the head's initialisation and data order")
+    seed: int = Field(0, description="RNG seed for the data order")
     sources: list[Literal["gold", "mcts"]] = Field(
         ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
     )

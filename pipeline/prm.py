@@ -109,7 +109,7 @@ def encode_many(tokenizer, prompts: Sequence[str], lines: Sequence[Sequence[str]
     """`encode` for many pairs with one call to the (fast, Rust) tokenizer: (ids, line spans) per pair.
 
     A line's span is [first token, last token + 1) of the tokens holding its characters; an empty line
-    borrows the token before it.
+    borrows the last token before it.
     """
     if not prompts:
         return []
@@ -120,7 +120,8 @@ def encode_many(tokenizer, prompts: Sequence[str], lines: Sequence[Sequence[str]
         for line in pair_lines:
             end = start + len(line)
             first, last = enc.char_to_token(i, start) if line else None, enc.char_to_token(i, max(end - 1, 0))
-            last = last if last is not None else len(ids) - 1
+            # A character without a token (never for a stripped line): keep the span inside the line's own tokens.
+            last = last if last is not None else first if first is not None else len(ids) - 1
             spans.append((first if first is not None else last, last + 1))
             start = end + 1  # the newline
         out.append((ids, spans))
@@ -322,7 +323,7 @@ def check_tokenizer(prm_tokenizer, policy_tokenizer, prm_path: Path | str, polic
         differ = sum(policy_vocab.get(tok) != i for tok, i in prm_vocab.items())
         raise InputError(
             f"{prm_path}: the PRM's tokenizer ({len(prm_vocab)} tokens) does not match the policy's at {policy_path} "
-            f"({len(policy_vocab)} tokens, {differ} entries differ); train the PRM from this policy (prm.init) "
+            f"({len(policy_vocab)} tokens, {differ} entries differ); train the PRM from this policy (prm_data.policy) "
             "or evaluate a policy with the same tokenizer"
         )
 

@@ -219,7 +219,7 @@ def test_prm_data_refuses_the_policys_own_question_seed(workspace, capsys):
     assert (paths.stage_data("prm_data") / "train.parquet").read_bytes() == before
 
 
-def test_prm_trains_a_score_head_and_reports_held_out_auroc(workspace):
+def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspace):
     from stages import prm
 
     prm.main()
