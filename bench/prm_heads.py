@@ -30,7 +30,6 @@ import math
 import random
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -38,62 +37,57 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from prm_variants import perturb_step  # noqa: E402
+from prm_variants import decode, perturb_step  # noqa: E402
 
 from pipeline import paths  # noqa: E402
 from pipeline.cof.generate import more_train_questions  # noqa: E402
-from pipeline.config import PRMDataConfig, SynthesizeConfig, load_section  # noqa: E402
+from pipeline.config import EvaluateConfig, PRMDataConfig, SynthesizeConfig, load_section  # noqa: E402
 from pipeline.evaluation import score as grade  # noqa: E402
-from pipeline.generation import LocalSampler, pad, pad_id  # noqa: E402
-from pipeline.grading import extract_answer  # noqa: E402
+from pipeline.generation import LocalSampler  # noqa: E402
 from pipeline.io import read_rows  # noqa: E402
 from pipeline.models import load_model  # noqa: E402
 from pipeline.prm import (  # noqa: E402
-    AGGREGATIONS, aggregate, encode_many, line_labels, line_log_probs, prm_from_policy, scored_lines, token_verdicts,
+    AGGREGATIONS, PRMScorer, collate, encode_many, line_labels, line_log_probs, line_loss, prm_from_policy,
+    scored_lines, token_verdicts,
 )
 from stages.prm import held_out  # noqa: E402
 
 
-class Head:
-    """A PRM under test: the model and how its logits become line scores (log P(line right))."""
+class Head(PRMScorer):
+    """A PRM under test: `PRMScorer`'s interface (so `held_out` and evaluate's Decoder use it as they use the
+    pipeline's PRM), one plain forward pass per batch, and its own reading of the logits as line scores."""
 
     def __init__(self, kind: str, policy_dir: Path, tokenizer) -> None:
         from transformers import AutoModelForTokenClassification
 
-        self.kind, self.tokenizer, self.pad = kind, tokenizer, pad_id(tokenizer)
-        if kind == "lm":
-            self.model = prm_from_policy(policy_dir)
-        else:
-            self.model = AutoModelForTokenClassification.from_pretrained(str(policy_dir), num_labels=1)
+        model = prm_from_policy(policy_dir) if kind == "lm" else AutoModelForTokenClassification.from_pretrained(
+            str(policy_dir), num_labels=1)
+        super().__init__(model, tokenizer)
+        self.kind = kind
+        model.train()  # PRMScorer set eval mode; `score` sets it again
 
-    def line_log_probs(self, encoded: list) -> list[torch.Tensor]:
-        ids, mask = pad([e[0] for e in encoded], self.pad)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits
-        slots = max(len(e[1]) for e in encoded)
-        starts = torch.full((len(encoded), slots), -1)
-        ends = torch.full((len(encoded), slots), -1)
-        for i, (_, spans) in enumerate(encoded):
-            if spans:
-                starts[i, : len(spans)], ends[i, : len(spans)] = torch.tensor(spans).T
+    def line_log_probs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log P(line right), validity) per scored line of a `collate` batch."""
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        starts, ends = batch["score_starts"], batch["score_ends"]
         if self.kind == "line_end":  # one logit, at the line's last token
-            picked = logits.squeeze(-1).float().gather(1, (ends - 1).clamp(min=0))
-            log_p = F.logsigmoid(picked)
-        else:
-            verdicts = token_verdicts(logits, ids) if self.kind == "lm" else F.logsigmoid(logits.squeeze(-1).float())
-            log_p, _ = line_log_probs(verdicts, starts, ends)
-        return [log_p[i, : len(spans)] for i, (_, spans) in enumerate(encoded)]
+            return F.logsigmoid(logits.squeeze(-1).float().gather(1, (ends - 1).clamp(min=0))), starts >= 0
+        verdicts = token_verdicts(logits, batch["input_ids"]) if self.kind == "lm" else F.logsigmoid(
+            logits.squeeze(-1).float())
+        return line_log_probs(verdicts, starts, ends)
 
     @torch.inference_mode()
-    def score(self, prompts: list[str], lines: list[list[str]]) -> list[list[float]]:
-        """The PRMScorer interface (stages.prm.held_out): P(line right) per line, [] for a pair without lines."""
+    def score(self, prompts, lines) -> list[list[float]]:
         self.model.eval()
         out: list[list[float]] = [[] for _ in prompts]
         todo = [i for i, ls in enumerate(lines) if ls]
-        for start in range(0, len(todo), 64):
-            chunk = todo[start : start + 64]
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start : start + self.batch_size]
             encoded = encode_many(self.tokenizer, [prompts[i] for i in chunk], [lines[i] for i in chunk])
-            for i, log_p in zip(chunk, self.line_log_probs(encoded)):
-                out[i] = log_p.exp().tolist()
+            batch = collate([{"input_ids": ids, "spans": spans} for ids, spans in encoded], self.pad_id)
+            log_p, _ = self.line_log_probs(batch)
+            for row, (i, (_, spans)) in enumerate(zip(chunk, encoded)):
+                out[i] = log_p[row, : len(spans)].exp().tolist()
         return out
 
 
@@ -122,7 +116,10 @@ def labelled_paths(questions: list[dict], policy, tokenizer, perturbed: bool, se
 
 
 def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, seed: int, report) -> None:
+    """AdamW, cosine with 5% warm-up, `steps` random batches; the pipeline's loss on the head's line scores."""
     encoded = encode_many(head.tokenizer, [e[0] for e in examples], [e[1] for e in examples])
+    features = [{"input_ids": ids, "spans": spans, "line_labels": e[2], "kind": 0} for (ids, spans), e in
+                zip(encoded, examples)]
     opt = torch.optim.AdamW(head.model.parameters(), lr=lr, weight_decay=0.01)
     warm = max(1, int(0.05 * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -130,13 +127,8 @@ def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, 
     rng = random.Random(seed)
     for step in range(steps):
         head.model.train()
-        picks = rng.sample(range(len(examples)), batch)
-        log_ps = head.line_log_probs([encoded[i] for i in picks])
-        losses = []
-        for i, log_p in zip(picks, log_ps):
-            y = torch.tensor(examples[i][2], dtype=torch.float)
-            losses.append(-(y * log_p + (1 - y) * torch.log(-torch.expm1(log_p - 1e-6))))
-        loss = torch.cat(losses).mean()
+        chunk = collate(rng.sample(features, batch), head.pad_id)
+        loss = line_loss(*head.line_log_probs(chunk), chunk["score_labels"], chunk["score_kinds"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.model.parameters(), 1.0)
         opt.step()
@@ -146,27 +138,18 @@ def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, 
 
 
 def best_of_4(head: Head, policy, tokenizer, test: list[dict]) -> dict:
+    """Greedy, maj@4 and best-of-4 (each aggregation) by evaluate's Decoder, a random sample and pass@4."""
+    decoding = load_section("evaluate", EvaluateConfig).decoding.model_copy(update={"n": 4})
     sampler = LocalSampler(policy, tokenizer, 64)
-    greedy = [g[0].text for g in sampler.sample([r["prompt"] for r in test], max_new_tokens=192)]
+    greedy = [(g[0].text, g[0].tokens) for g in sampler.sample([r["prompt"] for r in test], max_new_tokens=192)]
     drawn = sampler.sample([r["prompt"] for r in test], n=4, temperature=0.8, max_new_tokens=192, seed=0)
-    texts = [[g.text for g in gens] for gens in drawn]
-    right = [[grade(r, t, 0)["correct"] for t in ts] for r, ts in zip(test, texts)]
-
-    def voted(ts: list[str]) -> int:
-        answers = [extract_answer(t) for t in ts]
-        top = Counter(a for a in answers if a).most_common(1)
-        return answers.index(top[0][0]) if top else 0
-
-    scores = head.score([r["prompt"] for r in test for _ in range(4)], [scored_lines(t) for ts in texts for t in ts])
-    out = {
-        "greedy": sum(grade(r, t, 0)["correct"] for r, t in zip(test, greedy)) / len(test),
-        "maj_at_4": sum(rs[voted(ts)] for rs, ts in zip(right, texts)) / len(test),
-        "random_sample": sum(map(sum, right)) / (4 * len(test)),
-        "pass_at_4": sum(map(any, right)) / len(test),
-    }
+    samples = [[(g.text, g.tokens) for g in gens] for gens in drawn]
+    right = [[grade(r, t, 0)["correct"] for t, _ in pairs] for r, pairs in zip(test, samples)]
+    out = {**decode(decoding, head, test, greedy, samples, ["greedy", "maj_at_n"]),
+           "random_sample": sum(map(sum, right)) / (4 * len(test)), "pass_at_4": sum(map(any, right)) / len(test)}
     for how in AGGREGATIONS:
-        picked = [max(range(4), key=lambda j: aggregate(scores[4 * q + j], how)) for q in range(len(test))]
-        out[f"best_of_4_{how}"] = sum(rs[j] for rs, j in zip(right, picked)) / len(test)
+        out[f"best_of_4_{how}"] = decode(decoding, head, test, greedy, samples, ["prm_best_of_n"],
+                                         aggregation=how)["prm_best_of_n"]
     return {k: round(v, 3) for k, v in out.items()}
 
 

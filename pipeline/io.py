@@ -172,7 +172,7 @@ def untimed(value: Any) -> Any:
 
 
 def _is_timing(key: str) -> bool:
-    return "seconds" in key or key.endswith(("tokens_per_second", "questions_per_second", "seconds_per_step"))
+    return "seconds" in key or key.endswith(("tokens_per_second", "questions_per_second"))
 
 
 # The reasoning-example contract of DESIGN.md, plus `prompt` (the serialized chart and question).

@@ -179,7 +179,11 @@ def line_log_probs(verdicts: torch.Tensor, starts: torch.Tensor, ends: torch.Ten
 def prm_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
              labels: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
     """Mean over scored lines: BCE on 0/1 gold labels, MSE between P(line right) and log_boost on MCTS labels."""
-    log_p, valid = line_log_probs(token_verdicts(logits, input_ids), starts, ends)
+    return line_loss(*line_log_probs(token_verdicts(logits, input_ids), starts, ends), labels, kinds)
+
+
+def line_loss(log_p: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+    """`prm_loss` from each line's log P(right) [B, S] and its validity mask, whatever head gave them."""
     # log(1 - p), kept finite (and its gradient alive) when every token is sure and log p rounds to 0.
     log_not_p = torch.log(-torch.expm1(log_p - 1e-6))
     bce = -(labels * log_p + (1 - labels) * log_not_p)

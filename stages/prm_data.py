@@ -101,21 +101,14 @@ def agreement(rows: list[dict], by_id: dict[str, dict]) -> dict:
     return {"lines": len(gold), "agreement": round(agree, 4), "auroc": None if area is None else round(area, 4)}
 
 
-def new_questions(cfg: PRMDataConfig, synth: SynthesizeConfig) -> list[dict]:
-    """gold_questions + mcts_questions new training questions.
-
-    None has a question text of val or test (the generator's split hash sees to that), and none of the
-    default run's 12,100 shares a table with train.parquet (checked once; tables are random draws).
-    """
-    return more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions, cfg.question_seed, prefix="prm")
-
-
 def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     val_file, model_dir = paths.split_file("val"), paths.model_dir(cfg.policy)
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
     model, tokenizer = load_model(model_dir)
     rng = random.Random(cfg.seed)
-    fresh = new_questions(cfg, synth)
+    # No question text of val or test among them (the generator's split hash sees to that), and none of the
+    # default run's 12,100 shares a table with train.parquet (checked once; tables are random draws).
+    fresh = more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions, cfg.question_seed, prefix="prm")
     gold_q, mcts_q = fresh[: cfg.gold_questions], fresh[cfg.gold_questions :]
     val_q = sample_rows(val, cfg.val_questions, rng)
     sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
