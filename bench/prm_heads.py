@@ -1,4 +1,4 @@
-"""python bench/prm_heads.py --head lm --questions 8000 --steps 1600 [--perturbed]
+"""python bench/prm_heads.py --head lm --questions 8000 --steps 1600 [--sft-weight 1] [--extra-layers 2] [--perturbed]
 
 Which PRM head can check a step: one PRM trained per run from the policy
 (`prm_data.policy`, default models/sft) on the same kind of labels, measured the
@@ -12,14 +12,18 @@ Heads (`--head`):
 - token: the same one-logit head at every token of a line; the line's score is
   the product of the token sigmoids (BCE on the product, line labels only);
 - lm: the pipeline's PRM (pipeline/prm.py): the policy's LM head, the verdict
-  on token t being sigmoid(logit of t at position t - 1), product over the line.
+  on token t being sigmoid(logit of t at position t - 1), product over the line;
+  `--extra-layers` decoder layers on top of the policy's, starting as the identity.
 
 Labels: the policy's samples (4 at T 0.8, distinct ones kept) on `--questions`
 new training questions from the CoF generator (seed `--question-seed`), each
 line labelled by the gold chain; `--perturbed` adds, per question, 2 gold
 chains of which 60% are cut after one step whose value was changed (as in
-bench/prm_variants.py). Training: AdamW, `--lr`, cosine with 5% warm-up,
-`--steps` batches of `--batch`. Nothing under models/ or data/ changes.
+bench/prm_variants.py). `--sft-weight w` adds w x next-token cross-entropy on
+a half batch of gold chains a step (the pipeline's `prm.chain_weight`), the
+chains of the labelled questions and of `--chain-questions` more. Training:
+AdamW, `--lr`, cosine with 5% warm-up, `--steps` batches of `--batch`. Nothing
+under models/ or data/ changes (`--save DIR` keeps the trained PRM).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from pipeline.generation import LocalSampler  # noqa: E402
 from pipeline.io import read_rows  # noqa: E402
 from pipeline.models import load_model  # noqa: E402
 from pipeline.prm import (  # noqa: E402
-    AGGREGATIONS, PRMScorer, collate, encode_many, line_labels, line_log_probs, line_loss, prm_from_policy,
+    AGGREGATIONS, PRMScorer, chain_loss, collate, encode_many, line_labels, line_log_probs, line_loss, prm_from_policy,
     scored_lines, token_verdicts,
 )
 from stages.prm import held_out  # noqa: E402
@@ -57,11 +61,13 @@ class Head(PRMScorer):
     """A PRM under test: `PRMScorer`'s interface (so `held_out` and evaluate's Decoder use it as they use the
     pipeline's PRM), one plain forward pass per batch, and its own reading of the logits as line scores."""
 
-    def __init__(self, kind: str, policy_dir: Path, tokenizer) -> None:
+    def __init__(self, kind: str, policy_dir: Path, tokenizer, extra_layers: int = 0) -> None:
         from transformers import AutoModelForTokenClassification
 
-        model = prm_from_policy(policy_dir) if kind == "lm" else AutoModelForTokenClassification.from_pretrained(
-            str(policy_dir), num_labels=1)
+        if kind == "lm":
+            model = prm_from_policy(policy_dir, extra_layers)
+        else:
+            model = AutoModelForTokenClassification.from_pretrained(str(policy_dir), num_labels=1)
         super().__init__(model, tokenizer)
         self.kind = kind
         model.train()  # PRMScorer set eval mode; `score` sets it again
@@ -115,11 +121,15 @@ def labelled_paths(questions: list[dict], policy, tokenizer, perturbed: bool, se
     return out
 
 
-def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, seed: int, report) -> None:
-    """AdamW, cosine with 5% warm-up, `steps` random batches; the pipeline's loss on the head's line scores."""
+def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, seed: int, report,
+          gold: list[tuple] = (), sft_weight: float = 0.0) -> None:
+    """AdamW, cosine with 5% warm-up, `steps` random batches; the pipeline's loss on the head's line scores,
+    plus `sft_weight` x next-token cross-entropy on a batch of gold chains when `gold` is given."""
     encoded = encode_many(head.tokenizer, [e[0] for e in examples], [e[1] for e in examples])
     features = [{"input_ids": ids, "spans": spans, "line_labels": e[2], "kind": 0} for (ids, spans), e in
                 zip(encoded, examples)]
+    chains = [{"input_ids": ids, "spans": spans} for ids, spans in
+              encode_many(head.tokenizer, [g[0] for g in gold], [g[1] for g in gold])]
     opt = torch.optim.AdamW(head.model.parameters(), lr=lr, weight_decay=0.01)
     warm = max(1, int(0.05 * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -129,6 +139,11 @@ def train(head: Head, examples: list[tuple], steps: int, lr: float, batch: int, 
         head.model.train()
         chunk = collate(rng.sample(features, batch), head.pad_id)
         loss = line_loss(*head.line_log_probs(chunk), chunk["score_labels"], chunk["score_kinds"])
+        if sft_weight and chains:
+            gold_batch = collate(rng.sample(chains, batch // 2), head.pad_id)
+            logits = head.model(input_ids=gold_batch["input_ids"], attention_mask=gold_batch["attention_mask"]).logits
+            loss = loss + sft_weight * chain_loss(logits, gold_batch["input_ids"], gold_batch["score_starts"],
+                                                  gold_batch["score_ends"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.model.parameters(), 1.0)
         opt.step()
@@ -158,6 +173,12 @@ def main() -> None:
     parser.add_argument("--head", choices=("line_end", "token", "lm"), default="lm")
     parser.add_argument("--questions", type=int, default=8000, help="new training questions sampled")
     parser.add_argument("--question-seed", type=int, default=101)
+    parser.add_argument("--extra-layers", type=int, default=0, help="decoder layers added on top (lm head)")
+    parser.add_argument("--sft-weight", type=float, default=0.0,
+                        help="add this x next-token cross-entropy on the questions' gold chains")
+    parser.add_argument("--chain-questions", type=int, default=0,
+                        help="more new questions whose gold chains (only) join the cross-entropy")
+    parser.add_argument("--save", type=Path, default=None, help="save the trained PRM here")
     parser.add_argument("--perturbed", action="store_true", help="add perturbed gold chains")
     parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -167,14 +188,16 @@ def main() -> None:
     torch.manual_seed(0)
     policy_dir = paths.model_dir(load_section("prm_data", PRMDataConfig).policy)
     policy, tokenizer = load_model(policy_dir)
-    questions = more_train_questions(load_section("synthesize", SynthesizeConfig), args.questions,
-                                     args.question_seed, prefix="bench")
+    everything = more_train_questions(load_section("synthesize", SynthesizeConfig),
+                                      args.questions + args.chain_questions, args.question_seed, prefix="bench")
+    questions = everything[: args.questions]
     start = time.perf_counter()
     examples = labelled_paths(questions, policy, tokenizer, args.perturbed, seed=0)
-    print(json.dumps({"args": vars(args), "paths": len(examples),
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    print(json.dumps({"args": settings, "paths": len(examples),
                       "labelling_seconds": round(time.perf_counter() - start, 1)}), flush=True)
     val = read_rows(paths.split_file("val", "prm_data"))
-    head = Head(args.head, policy_dir, tokenizer)
+    head = Head(args.head, policy_dir, tokenizer, args.extra_layers)
     start, every = time.perf_counter(), max(args.steps // args.evals, 1)
 
     def report(step: int, loss: float) -> None:
@@ -184,7 +207,12 @@ def main() -> None:
                               "auroc": metrics["auroc"], "auroc_steps": metrics["auroc_steps"],
                               "accuracy": metrics["accuracy"], "pairs": metrics["within_question"]}), flush=True)
 
-    train(head, examples, args.steps, args.lr, args.batch, seed=1, report=report)
+    gold = [(q["prompt"], scored_lines(q["rationale"])) for q in everything]
+    train(head, examples, args.steps, args.lr, args.batch, seed=1, report=report, gold=gold,
+          sft_weight=args.sft_weight)
+    if args.save:
+        head.model.save_pretrained(args.save)
+        tokenizer.save_pretrained(args.save)
     print(json.dumps({"best_of_4": best_of_4(head, policy, tokenizer, read_rows(paths.split_file("test"))[:200])}))
 
 

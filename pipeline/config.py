@@ -398,6 +398,8 @@ class PRMDataConfig(Section):
     max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
     batch_size: int = Field(512, ge=1, description="sequences generated together")
     mcts_questions: int = Field(100, ge=0, description="MCTS labels: other new questions searched (0: gold labels only)")
+    chain_questions: int = Field(0, ge=0, description="more new questions that give only their gold chain "
+                                 "(chains.parquet holds the chains of every new question)")
     iterations: int = Field(8, ge=1, description="MCTS iterations per question (PROPA: 20)")
     children: int = Field(4, ge=1, description="candidate next steps per expansion")
     ucb_c: float = Field(1.0, ge=0, description="UCB exploration constant")
@@ -415,6 +417,10 @@ class PRMConfig(Section):
     sources: list[Literal["gold", "mcts"]] = Field(
         ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
     )
+    chain_weight: float = Field(1.0, ge=0, description="weight of next-token cross-entropy on the gold chains of "
+                                "data/prm_data/chains.parquet (0: no chains)")
+    extra_layers: int = Field(0, ge=0, description="decoder layers added on top of the policy's, each starting as "
+                              "the identity")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
@@ -438,9 +444,9 @@ class DecodingConfig(Section):
         ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
     )
     prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
-    questions: int = Field(100, ge=1, description="questions per split, the first N (all strategies on the same ones)")
+    questions: int = Field(200, ge=1, description="questions per split, the first N (all strategies on the same ones)")
     n: int = Field(4, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
-    aggregation: Literal["min", "last", "mean"] = Field("mean", description="best-of-N: a solution's score from its lines")
+    aggregation: Literal["min", "last", "mean"] = Field("min", description="best-of-N: a solution's score from its lines")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
     mcts_iterations: int = Field(6, ge=1, description="PRM-MCTS: iterations per question")
     mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")

@@ -8,7 +8,10 @@ sigmoid(logit of token t at position t - 1): "is writing this token here
 right?". A line's score is the product of its tokens' verdicts, the
 probability that line k is right given everything before it. Training needs
 only line labels (BCE on that product, as in multiple-instance learning),
-never a label per token.
+never a label per token. Beside it the PRM keeps learning to write the gold
+chains (next-token cross-entropy, `prm_loss(chain_weight=...)`), as generative
+verifiers do (GenRM, Zhang et al. 2024): a verifier that knows the right next
+token checks a written one better.
 
 Why not a one-logit head at each line's last token (transformers'
 token-classification head, this project's PRM until this version): the
@@ -40,7 +43,9 @@ from pipeline.io import InputError
 # A completion with no Step and no Answer line has nothing to verify: it gets the lowest score.
 EMPTY_SCORE = 0.0
 AGGREGATIONS = ("min", "last", "mean")
-LABEL_KINDS = {"gold": 0, "mcts": 1}  # gold: 0/1 labels, BCE; mcts: log_boost(Q) in [0, 1], MSE
+# gold: 0/1 labels, BCE; mcts: log_boost(Q) in [0, 1], MSE; chain: a gold chain (data/prm_data/chains.parquet),
+# next-token cross-entropy on its lines instead of a verdict loss.
+LABEL_KINDS = {"gold": 0, "mcts": 1, "chain": 2}
 Span = tuple[int, int]  # a line's tokens: [first, last + 1)
 PRM_MARK = "prm_verdict"  # config.json key of a trained PRM: how its logits are read ("next_token")
 
@@ -177,9 +182,29 @@ def line_log_probs(verdicts: torch.Tensor, starts: torch.Tensor, ends: torch.Ten
 
 
 def prm_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-             labels: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
-    """Mean over scored lines: BCE on 0/1 gold labels, MSE between P(line right) and log_boost on MCTS labels."""
-    return line_loss(*line_log_probs(token_verdicts(logits, input_ids), starts, ends), labels, kinds)
+             labels: torch.Tensor, kinds: torch.Tensor, chain_weight: float = 0.0) -> torch.Tensor:
+    """Mean over scored lines: BCE on 0/1 gold labels, MSE between P(line right) and log_boost on MCTS labels;
+    plus `chain_weight` x next-token cross-entropy on the lines of the batch's gold chains (kind `chain`)."""
+    log_p, valid = line_log_probs(token_verdicts(logits, input_ids), starts, ends)
+    chain = kinds == LABEL_KINDS["chain"]
+    loss = line_loss(log_p, valid & ~chain, labels, kinds)
+    rows = chain[:, 0] & valid[:, 0]
+    if chain_weight and rows.any():
+        loss = loss + chain_weight * chain_loss(logits[rows], input_ids[rows], starts[rows], ends[rows])
+    return loss
+
+
+def chain_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy on the tokens of each row's scored lines (first line's start to last line's end).
+
+    SFT on gold chains, beside the verdict loss (the GenRM recipe: a verifier that keeps training as a
+    generator). The verdicts read the same logits; the softmax makes the right token beat the others at a
+    position, which the per-token sigmoid alone does not ask for.
+    """
+    at = torch.arange(input_ids.shape[1], device=input_ids.device)
+    first, last = starts[:, :1], ends.max(dim=1, keepdim=True).values
+    targets = input_ids.masked_fill((at < first) | (at >= last), -100)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets[:, 1:].flatten())
 
 
 def line_loss(log_p: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
@@ -192,13 +217,41 @@ def line_loss(log_p: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, ki
     return (per_line * valid).sum() / valid.sum().clamp(min=1)
 
 
-def prm_from_policy(path: Path | str):
-    """A PRM to train: the policy's causal LM from `path`, marked as a PRM in its config (`PRM_MARK`)."""
+def prm_from_policy(path: Path | str, extra_layers: int = 0):
+    """A PRM to train: the policy's causal LM from `path`, marked as a PRM in its config (`PRM_MARK`).
+
+    `extra_layers` decoder layers go on top of the policy's, each starting as the
+    identity (its attention and MLP outputs zeroed), so the untrained PRM reads
+    exactly as the policy does and training decides what the new depth adds.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path))
+    if extra_layers:
+        model = _deepened(model, extra_layers)
     setattr(model.config, PRM_MARK, "next_token")
     return model
+
+
+def _deepened(model, extra: int):
+    """`model` with `extra` identity-initialised decoder layers after its own (same architecture, deeper config)."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    depth = config.num_hidden_layers
+    config.num_hidden_layers = depth + extra
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types) + [config.layer_types[-1]] * extra
+    deeper = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = deeper.load_state_dict(model.state_dict(), strict=False)
+    new = {f"model.layers.{i}." for i in range(depth, depth + extra)}
+    if unexpected or any(not any(key.startswith(prefix) for prefix in new) for key in missing):
+        raise ValueError(f"cannot deepen {type(model).__name__}: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for layer in deeper.model.layers[depth:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return deeper
 
 
 class PRMScorer:

@@ -217,18 +217,25 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
 class PRMTrainer(Trainer):
     """transformers' Trainer with the PRM loss on the scored lines' token spans (pipeline.prm.prm_loss)."""
 
+    def __init__(self, *args, chain_weight: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.chain_weight = chain_weight
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         from pipeline.prm import prm_loss
 
         starts, ends, labels, kinds = (inputs.pop(k) for k in ("score_starts", "score_ends", "score_labels",
                                                                "score_kinds"))
         outputs = model(**inputs)
-        loss = prm_loss(outputs.logits, inputs["input_ids"], starts, ends, labels, kinds)
+        loss = prm_loss(outputs.logits, inputs["input_ids"], starts, ends, labels, kinds, self.chain_weight)
         return (loss, outputs) if return_outputs else loss
 
 
 def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
-    """Train a PRM (`pipeline.prm.prm_from_policy`) in place on step-label rows; `cfg` is the `prm` section."""
+    """Train a PRM (`pipeline.prm.prm_from_policy`) in place on step-label rows; `cfg` is the `prm` section.
+
+    Rows of source `chain` (gold chains) are trained by next-token cross-entropy, weighted `cfg.chain_weight`.
+    """
     from transformers import TrainingArguments
 
     from pipeline.generation import pad_id
@@ -260,7 +267,8 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     )
     before = snapshot(model)
     trainer = PRMTrainer(model=model, args=args, train_dataset=Dataset.from_list(features),
-                         data_collator=lambda batch: collate(batch, pad_id(tokenizer)), callbacks=[dvclive_callback(live_dir)])
+                         data_collator=lambda batch: collate(batch, pad_id(tokenizer)),
+                         callbacks=[dvclive_callback(live_dir)], chain_weight=cfg.chain_weight)
     start = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - start

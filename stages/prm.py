@@ -3,7 +3,10 @@
 The process reward model: the policy's causal LM (`prm_data.policy`, default
 models/sft) whose LM head is read as a verdict on each token of a line
 (pipeline/prm.py), trained on data/prm_data/train.parquet (BCE on gold 0/1
-labels, MSE on MCTS log_boost labels; `prm.sources` picks which). Scored on the held-out gold labels of
+labels, MSE on MCTS log_boost labels; `prm.sources` picks which) and, as a
+generator, on the gold chains of data/prm_data/chains.parquet (next-token
+cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
+the right step checks steps better; README, "What the PRM can check"). Scored on the held-out gold labels of
 validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
@@ -86,14 +89,18 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
     val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
     if not rows:
         raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
+    chains_file = paths.stage_data("prm_data") / "chains.parquet"
+    chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) if cfg.chain_weight else []
     policy_dir = paths.model_dir(policy)
     torch.manual_seed(cfg.seed)  # the data order
     tokenizer = load_tokenizer(policy_dir)
-    model = prm_from_policy(policy_dir)
+    model = prm_from_policy(policy_dir, cfg.extra_layers)
     out_dir = paths.model_dir("prm")
     with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
-        metrics = prm_train(cfg, model, tokenizer, rows, out / ".trainer", live)
+        metrics = prm_train(cfg, model, tokenizer, rows + chains, out / ".trainer", live)
         metrics["sources"] = {s: sum(r["source"] == s for r in rows) for s in cfg.sources}
+        if chains:
+            metrics["sources"]["chain"] = len(chains)
         metrics["held_out"], table = held_out(PRMScorer(model, tokenizer, cfg.batch_size), val)
         # The headline numbers flat, for `dvc metrics diff`.
         metrics.update({k: metrics["held_out"][k] for k in ("auroc", "accuracy", "ece")})
@@ -101,8 +108,8 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
                             metrics["accuracy"], metrics["ece"], metrics["held_out"]["lines"])
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)
-        write_manifest(out, "prm", cfg, inputs=[policy_dir, train_file, val_file], name=paths.MODEL_MANIFEST,
-                       metrics=metrics, policy=policy)
+        inputs = [policy_dir, train_file, val_file] + ([chains_file] if chains else [])
+        write_manifest(out, "prm", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics, policy=policy)
         write_json(live / "calibration.json", table)
         reliability_chart(table, live / "calibration.png",
                           title=f"PRM calibration, held-out gold step labels\n(AUROC {metrics['auroc']})")

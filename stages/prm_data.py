@@ -11,6 +11,9 @@ policy's own steps (`prm_data.policy`, default models/sft):
 - mcts: PROPA's tree search with the policy on `mcts_questions` other new
   questions (pipeline/search.mcts with greedy rollouts); one row per leaf path,
   each node labelled log_boost(Q).
+- chain (chains.parquet): the gold chain of every new question (those above and
+  `chain_questions` more), every line labelled 1; the PRM trains on them as a
+  generator (next-token cross-entropy, `prm.chain_weight`).
 
 The training questions are new: the CoF generator again with `question_seed`
 (pipeline/cof/generate.more_train_questions), in the training split's share of
@@ -67,6 +70,16 @@ def gold_rows(cfg: PRMDataConfig, sampler, questions: list[dict]) -> list[dict]:
     return out
 
 
+def chain_rows(questions: list[dict]) -> list[dict]:
+    """Each question's gold chain as a step-label row: its Step lines and Answer line, each labelled by the grader."""
+    out = []
+    for q in questions:
+        lines = scored_lines(q["rationale"])
+        out.append({"id": q["id"], "prompt": q["prompt"], "steps": lines, "labels": line_labels(lines, q),
+                    "source": "chain", "task_type": q["task_type"]})
+    return out
+
+
 def mcts_rows(cfg: PRMDataConfig, policy: StepPolicy, questions: list[dict]) -> list[dict]:
     """PROPA's MCTS per question; each leaf path with log_boost(Q) of every node on it."""
     prompts = [q["prompt"] for q in questions]
@@ -108,8 +121,11 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     rng = random.Random(cfg.seed)
     # No question text of val or test among them (the generator's split hash sees to that), and none of the
     # default run's 12,100 shares a table with train.parquet (checked once; tables are random draws).
-    fresh = more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions, cfg.question_seed, prefix="prm")
-    gold_q, mcts_q = fresh[: cfg.gold_questions], fresh[cfg.gold_questions :]
+    fresh = more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions + cfg.chain_questions,
+                                 cfg.question_seed, prefix="prm")
+    gold_q = fresh[: cfg.gold_questions]
+    mcts_q = fresh[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions]
+    chains = chain_rows(fresh)
     val_q = sample_rows(val, cfg.val_questions, rng)
     sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
     log = stage_logger()
@@ -132,6 +148,7 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
         "gold": balance(gold_train),
         "mcts": balance(searched),
         "val": balance(gold_val),
+        "chain": balance(chains),
         "mcts_vs_gold": agreement(searched, {q["id"]: q for q in mcts_q}),
         "mcts_policy_tokens": policy.tokens,
         "gold_seconds": round(gold_seconds, 1),
@@ -140,6 +157,7 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     with atomic_dir(paths.stage_data("prm_data")) as out:
         write_rows(out / "train.parquet", gold_train + searched, schema=STEP_LABEL_SCHEMA)
         write_rows(out / "val.parquet", gold_val, schema=STEP_LABEL_SCHEMA)
+        write_rows(out / "chains.parquet", chains, schema=STEP_LABEL_SCHEMA)
         write_manifest(out, "prm_data", cfg, inputs=[model_dir, val_file], counts=metrics)
     with atomic_dir(paths.live_dir("prm_data")) as out:
         shares = {f"{source} (>= 0.5)": metrics[source]["share_at_least_half"] or 0.0 for source in ("gold", "mcts")}

@@ -35,7 +35,7 @@ TINY_PARAMS = {
              "logging_steps": 1, "success_prompts": 8},
     "dpo": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 4, "logging_steps": 1},
     "prm_data": {"seed": 0, "gold_questions": 24, "val_questions": 12, "samples": 2, "max_new_tokens": 48,
-                 "batch_size": 64, "mcts_questions": 4, "iterations": 2, "children": 2, "step_tokens": 24,
+                 "batch_size": 64, "mcts_questions": 4, "chain_questions": 4, "iterations": 2, "children": 2, "step_tokens": 24,
                  "max_steps": 4},
     "prm": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 8, "logging_steps": 1},
     "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8,

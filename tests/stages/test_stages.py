@@ -198,6 +198,12 @@ def test_prm_data_labels_policy_steps_from_gold_values_and_mcts(workspace):
     assert metrics["gold"]["lines"] == sum(len(r["labels"]) for r in rows if r["source"] == "gold")
     assert metrics["mcts_vs_gold"]["lines"] == sum(len(r["labels"]) for r in rows if r["source"] == "mcts")
     assert (paths.live_dir("prm_data") / "label_balance.png").exists()
+    # The gold chain of every new question (24 gold + 4 MCTS + 4 chain-only): every line right by the grader.
+    chains = read_rows(paths.stage_data("prm_data") / "chains.parquet")
+    assert len(chains) == len({r["id"] for r in chains}) == 32 and {r["source"] for r in chains} == {"chain"}
+    assert {r["id"] for r in rows} <= {r["id"] for r in chains}
+    assert all(r["steps"][-1].startswith("Answer:") and set(r["labels"]) == {1.0} for r in chains)
+    assert metrics["chain"]["rows"] == 32 and metrics["chain"]["share_at_least_half"] == 1.0
 
 
 def test_prm_data_refuses_the_policys_own_question_seed(workspace, capsys):
@@ -225,6 +231,7 @@ def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspac
     prm.main()
     metrics = json.loads(paths.metrics_file("prm").read_text())
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
+    assert metrics["sources"]["chain"] == 32 and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
     assert metrics["held_out"]["lines"] == sum(len(r["labels"]) for r in read_rows(paths.split_file("val", "prm_data")))
     assert metrics["auroc"] is None or 0.0 <= metrics["auroc"] <= 1.0
     assert 0.0 <= metrics["accuracy"] <= 1.0

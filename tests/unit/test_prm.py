@@ -13,7 +13,8 @@ from pipeline.io import InputError
 from pipeline.models import train_tokenizer
 from pipeline.prm import (
     EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
-    expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_loss, scored_lines,
+    expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_from_policy,
+    prm_loss, scored_lines,
 )
 
 ROW = {
@@ -108,6 +109,19 @@ def test_loss_is_bce_on_gold_and_mse_on_mcts_labels():
     assert gold.item() == pytest.approx((math.log(4) + math.log(2)) / 2, abs=1e-5)  # -ln 0.25, -ln(1 - 0.5)
     mcts = prm_loss(logits, ids, starts, ends, torch.tensor([[0.9, 0.1, 0.0]]), torch.tensor([[1, 1, 1]]))
     assert mcts.item() == pytest.approx(((0.25 - 0.9) ** 2 + (0.5 - 0.1) ** 2) / 2)
+
+
+def test_a_gold_chain_row_is_trained_by_next_token_cross_entropy_not_by_its_verdicts():
+    torch.manual_seed(0)
+    logits, ids = torch.randn(2, 5, 3), torch.tensor([[0, 1, 2, 1, 0], [2, 2, 0, 1, 1]])
+    starts, ends = torch.tensor([[1, 3], [2, 4]]), torch.tensor([[3, 4], [4, 5]])
+    labels, kinds = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[0, 0], [2, 2]])  # row 1: a chain
+    verdicts_only = prm_loss(logits[:1], ids[:1], starts[:1], ends[:1], labels[:1], kinds[:1])
+    assert prm_loss(logits, ids, starts, ends, labels, kinds) == pytest.approx(verdicts_only.item())  # weight 0
+    # row 1's lines span tokens 2..4: cross-entropy of tokens 2, 3, 4 read at positions 1, 2, 3
+    by_hand = -sum(torch.log_softmax(logits[1, t - 1], -1)[ids[1, t]].item() for t in (2, 3, 4)) / 3
+    assert prm_loss(logits, ids, starts, ends, labels, kinds, chain_weight=0.5).item() == pytest.approx(
+        verdicts_only.item() + 0.5 * by_hand, rel=1e-5)
 
 
 def test_a_wrong_line_still_learns_when_its_tokens_are_sure():
@@ -225,3 +239,23 @@ def test_within_question_pair_accuracy_ignores_question_difficulty():
     out = within_question(rows, [[0.2, 0.9], [0.5], [0.5], [0.99]])
     # pairs (right, wrong) of question q: (row 0, row 1) and (row 0, row 2)
     assert out == {"pair_accuracy_min": 0.0, "pair_accuracy_last": 1.0, "pair_accuracy_mean": 1.0, "pairs": 2}
+
+
+def test_a_deeper_prm_starts_as_the_policy_and_round_trips(tokenizer, prm, tmp_path):
+    policy = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in prm.config.to_dict().items() if k != PRM_MARK}))
+    policy.save_pretrained(tmp_path / "policy")
+    deeper = prm_from_policy(tmp_path / "policy", extra_layers=2).eval()
+    assert deeper.config.num_hidden_layers == 3 and len(deeper.model.layers) == 3
+    assert getattr(deeper.config, PRM_MARK) == "next_token"
+    ids = torch.tensor([tokenizer(RIGHT)["input_ids"]])
+    with torch.no_grad():  # the new layers start as the identity: the PRM reads as the policy does
+        assert torch.equal(deeper(input_ids=ids).logits, policy.eval()(input_ids=ids).logits)
+        for layer in deeper.model.layers[1:]:
+            layer.mlp.down_proj.weight.normal_()  # once trained they count
+        assert not torch.allclose(deeper(input_ids=ids).logits, policy(input_ids=ids).logits)
+    deeper.save_pretrained(tmp_path / "prm")
+    tokenizer.save_pretrained(tmp_path / "prm")
+    loaded = PRMScorer.load(tmp_path / "prm", device="cpu")
+    assert len(loaded.model.model.layers) == 3
+    scorer = PRMScorer(deeper, tokenizer)
+    assert loaded.score(["Q\n"], [RIGHT.splitlines()])[0] == pytest.approx(scorer.score(["Q\n"], [RIGHT.splitlines()])[0])
