@@ -446,7 +446,8 @@ class DecodingConfig(Section):
     prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
     questions: int = Field(200, ge=1, description="questions per split, the first N (all strategies on the same ones)")
     n: int = Field(4, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
-    aggregation: Literal["min", "last", "mean"] = Field("min", description="best-of-N: a solution's score from its lines")
+    aggregation: Literal["min", "last", "mean"] = Field(
+        "min", description="best-of-N and beam search's final pick: a solution's score from its lines")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
     mcts_iterations: int = Field(6, ge=1, description="PRM-MCTS: iterations per question")
     mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")

@@ -241,6 +241,8 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     from pipeline.generation import pad_id
     from pipeline.prm import LABEL_KINDS, collate, encode_many
 
+    if not cfg.chain_weight:  # a chain row has no verdict loss: with no cross-entropy it would train nothing
+        rows = [r for r in rows if r["source"] != "chain"]
     features, too_long = [], 0
     encoded = encode_many(tokenizer, [r["prompt"] for r in rows], [r["steps"] for r in rows])
     for r, (ids, spans) in zip(rows, encoded):

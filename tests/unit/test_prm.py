@@ -113,15 +113,38 @@ def test_loss_is_bce_on_gold_and_mse_on_mcts_labels():
 
 def test_a_gold_chain_row_is_trained_by_next_token_cross_entropy_not_by_its_verdicts():
     torch.manual_seed(0)
-    logits, ids = torch.randn(2, 5, 3), torch.tensor([[0, 1, 2, 1, 0], [2, 2, 0, 1, 1]])
-    starts, ends = torch.tensor([[1, 3], [2, 4]]), torch.tensor([[3, 4], [4, 5]])
-    labels, kinds = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[0, 0], [2, 2]])  # row 1: a chain
+    logits, ids = torch.randn(3, 7, 3), torch.tensor([[0, 1, 2, 1, 0, 1, 1], [2, 2, 0, 1, 1, 2, 0], [1, 0, 2, 2, 1, 0, 1]])
+    # row 0: labelled lines; row 1: a chain with a newline token (3) between its lines, then right padding;
+    # row 2: a chain with one line and a padding slot
+    starts, ends = torch.tensor([[1, 3], [2, 4], [3, -1]]), torch.tensor([[3, 4], [3, 6], [5, -1]])
+    labels = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    kinds = torch.tensor([[0, 0], [2, 2], [2, 0]])
     verdicts_only = prm_loss(logits[:1], ids[:1], starts[:1], ends[:1], labels[:1], kinds[:1])
     assert prm_loss(logits, ids, starts, ends, labels, kinds) == pytest.approx(verdicts_only.item())  # weight 0
-    # row 1's lines span tokens 2..4: cross-entropy of tokens 2, 3, 4 read at positions 1, 2, 3
-    by_hand = -sum(torch.log_softmax(logits[1, t - 1], -1)[ids[1, t]].item() for t in (2, 3, 4)) / 3
+
+    def nll(row: int, t: int) -> float:  # token t read at position t - 1
+        return -torch.log_softmax(logits[row, t - 1], -1)[ids[row, t]].item()
+
+    # row 1: tokens 2..5 (the newline inside included), row 2: tokens 3..4; one mean over the 6 tokens
+    by_hand = (sum(nll(1, t) for t in (2, 3, 4, 5)) + sum(nll(2, t) for t in (3, 4))) / 6
     assert prm_loss(logits, ids, starts, ends, labels, kinds, chain_weight=0.5).item() == pytest.approx(
         verdicts_only.item() + 0.5 * by_hand, rel=1e-5)
+    # chains alone: no verdict loss, only the cross-entropy
+    assert prm_loss(logits[1:], ids[1:], starts[1:], ends[1:], labels[1:], kinds[1:], chain_weight=1.0).item() == \
+        pytest.approx(by_hand, rel=1e-5)
+
+
+def test_the_trainer_passes_the_chain_weight_to_the_loss(tmp_path, tokenizer, prm):
+    from transformers import TrainingArguments
+
+    from pipeline.prm import collate, encode_many
+    from pipeline.training import PRMTrainer
+
+    (ids, spans), = encode_many(tokenizer, ["Q\n"], [RIGHT.splitlines()])
+    batch = collate([{"input_ids": ids, "spans": spans, "line_labels": [1.0] * len(spans), "kind": 2}], 0)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    losses = [PRMTrainer(model=prm, args=args, chain_weight=w).compute_loss(prm, dict(batch)).item() for w in (0, 2)]
+    assert losses[0] == 0.0 and losses[1] > 0  # a chain row trains only through the cross-entropy
 
 
 def test_a_wrong_line_still_learns_when_its_tokens_are_sure():
@@ -251,8 +274,7 @@ def test_a_deeper_prm_starts_as_the_policy_and_round_trips(tokenizer, prm, tmp_p
     with torch.no_grad():  # the new layers start as the identity: the PRM reads as the policy does
         assert torch.equal(deeper(input_ids=ids).logits, policy.eval()(input_ids=ids).logits)
         for layer in deeper.model.layers[1:]:
-            layer.mlp.down_proj.weight.normal_()  # once trained they count
-        assert not torch.allclose(deeper(input_ids=ids).logits, policy(input_ids=ids).logits)
+            layer.mlp.down_proj.weight.normal_()  # as if trained: the saved PRM must keep them
     deeper.save_pretrained(tmp_path / "prm")
     tokenizer.save_pretrained(tmp_path / "prm")
     loaded = PRMScorer.load(tmp_path / "prm", device="cpu")
