@@ -13,7 +13,8 @@ Heads (`--head`):
   the product of the token sigmoids (BCE on the product, line labels only);
 - lm: the pipeline's PRM (pipeline/prm.py): the policy's LM head, the verdict
   on token t being sigmoid(logit of t at position t - 1), product over the line;
-  `--extra-layers` decoder layers on top of the policy's, starting as the identity.
+  `--extra-layers` decoder layers on top of the policy's, starting as the identity;
+  `--init teacher` starts from another model under models/ with the same tokenizer.
 
 Labels: the policy's samples (4 at T 0.8, distinct ones kept) on `--questions`
 new training questions from the CoF generator (seed `--question-seed`), each
@@ -173,6 +174,8 @@ def main() -> None:
     parser.add_argument("--head", choices=("line_end", "token", "lm"), default="lm")
     parser.add_argument("--questions", type=int, default=8000, help="new training questions sampled")
     parser.add_argument("--question-seed", type=int, default=101)
+    parser.add_argument("--init", default=None,
+                        help="start the PRM from this model under models/ (default: the policy, prm_data.policy)")
     parser.add_argument("--extra-layers", type=int, default=0, help="decoder layers added on top (lm head)")
     parser.add_argument("--sft-weight", type=float, default=0.0,
                         help="add this x next-token cross-entropy on the questions' gold chains")
@@ -197,7 +200,7 @@ def main() -> None:
     print(json.dumps({"args": settings, "paths": len(examples),
                       "labelling_seconds": round(time.perf_counter() - start, 1)}), flush=True)
     val = read_rows(paths.split_file("val", "prm_data"))
-    head = Head(args.head, policy_dir, tokenizer, args.extra_layers)
+    head = Head(args.head, paths.model_dir(args.init) if args.init else policy_dir, tokenizer, args.extra_layers)
     start, every = time.perf_counter(), max(args.steps // args.evals, 1)
 
     def report(step: int, loss: float) -> None:
