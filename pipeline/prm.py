@@ -30,6 +30,7 @@ only, and 0.90 when it also writes the gold chains.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -238,7 +239,7 @@ def _deepened(model, extra: int):
     """`model` with `extra` identity-initialised decoder layers after its own (same architecture, deeper config)."""
     from transformers import AutoModelForCausalLM
 
-    config = model.config.__class__.from_dict(model.config.to_dict())
+    config = copy.deepcopy(model.config)
     depth = config.num_hidden_layers
     config.num_hidden_layers = depth + extra
     if getattr(config, "layer_types", None):
