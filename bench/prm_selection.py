@@ -1,0 +1,153 @@
+"""python bench/prm_selection.py [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8]
+
+How should the PRM pick among N samples, and from which samples? Side by side
+on the same questions, the same samples and the same PRM (models/prm), for
+each policy: greedy, then `--n` samples per question at each temperature
+(seed 0), every one scored once by the PRM. Then, for N = 4 and N = `--n`
+(the first N samples), the accuracy of:
+- `random`: the first sample; `maj`: majority vote; `pass`: some sample right;
+- `bo/<agg>`: PRM best-of-N, lines aggregated by min, mean or last
+  (evaluate's `prm_best_of_n`);
+- `g+bo/min`: best-of-N over greedy and N - 1 samples (the same budget);
+- `vote/min`: PRM-weighted vote (each answer's summed min-scores; Math-Shepherd's
+  weighted self-consistency);
+- `lik/sum`: the PRM read as a generator: the candidate whose lines have the
+  highest summed log-softmax probability under the PRM's LM head (its verdicts
+  read sigmoids of the same logits).
+Choose on `--split val`, report on test. Needs the models and models/prm
+(run `make run` first). Prints one table; `--out` also writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline import paths
+from pipeline.evaluation import majority_vote, vote_key
+from pipeline.generation import LocalSampler, pad, pad_id
+from pipeline.grading import extract_answer
+from pipeline.io import read_rows
+from pipeline.models import load_model
+from pipeline.prm import EMPTY_SCORE, PRMScorer, aggregate, encode_many, scored_lines
+from pipeline.rewards import is_correct
+
+
+@torch.inference_mode()
+def log_likelihoods(scorer: PRMScorer, prompt: str, lines: list[list[str]]) -> list[float]:
+    """Summed log-softmax probability of each candidate's scored lines under the PRM's LM head."""
+    keep = [i for i, ls in enumerate(lines) if ls]
+    out = [-math.inf] * len(lines)
+    if not keep:
+        return out
+    encoded = encode_many(scorer.tokenizer, [prompt] * len(keep), [lines[i] for i in keep])
+    ids, mask = pad([ids for ids, _ in encoded], scorer.pad_id)
+    logits = scorer.model(input_ids=ids.to(scorer.model.device), attention_mask=mask.to(scorer.model.device)).logits
+    picked = F.pad(logits[:, :-1].float().log_softmax(-1).gather(2, ids[:, 1:, None].to(logits.device))[..., 0], (1, 0))
+    for row, i, (_, spans) in zip(picked.cpu(), keep, encoded):
+        out[i] = sum(row[a:b].sum().item() for a, b in spans)
+    return out
+
+
+def candidates(policy_dir: Path, scorer: PRMScorer, rows: list[dict], n: int, temperatures: list[float]) -> list[dict]:
+    """Per question: greedy and n samples per temperature, each with its PRM line scores, likelihood and grade."""
+    policy, tokenizer = load_model(policy_dir)
+    sampler = LocalSampler(policy, tokenizer, 64)
+    prompts = [r["prompt"] for r in rows]
+    drawn = {"greedy": sampler.sample(prompts, n=1, temperature=0.0, top_p=1.0, max_new_tokens=192, seed=0)}
+    for t in temperatures:
+        drawn[t] = sampler.sample(prompts, n=n, temperature=t, top_p=1.0, max_new_tokens=192, seed=0)
+    out = []
+    for i, row in enumerate(rows):
+        texts = {key: [g.text for g in gens[i]] for key, gens in drawn.items()}
+        flat = [text for group in texts.values() for text in group]
+        lines = [scored_lines(text) for text in flat]
+        scores = scorer.score([row["prompt"]] * len(flat), lines)
+        liks = log_likelihoods(scorer, row["prompt"], lines)
+        cands = [{"text": text, "scores": s, "lik": lik, "answer": extract_answer(text),
+                  "right": is_correct(text, row["answer"], row["answer_type"])}
+                 for text, s, lik in zip(flat, scores, liks)]
+        by_key, at = {}, 0
+        for key, group in texts.items():
+            by_key[key] = cands[at : at + len(group)]
+            at += len(group)
+        out.append({"row": row, **by_key})
+    return out
+
+
+def agg(cand: dict, how: str) -> float:
+    return aggregate(cand["scores"], how) if cand["scores"] else EMPTY_SCORE
+
+
+def weighted_vote(cands: list[dict], answer_type: str) -> dict:
+    """The best-scored candidate of the answer with the largest summed min-score."""
+    totals: dict[str, float] = defaultdict(float)
+    for c in cands:
+        if c["answer"] is not None:
+            totals[vote_key(c["answer"], answer_type)] += agg(c, "min")
+    if not totals:
+        return cands[0]
+    best = max(totals, key=totals.get)
+    return max((c for c in cands if c["answer"] is not None and vote_key(c["answer"], answer_type) == best),
+               key=lambda c: agg(c, "min"))
+
+
+def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
+    """Accuracy of each selection rule on the first n samples at temperature `key`."""
+    hits: dict[str, int] = defaultdict(int)
+    for q in questions:
+        cands, kind = q[key][:n], q["row"]["answer_type"]
+        with_greedy = q["greedy"] + cands[: n - 1]
+        voted = majority_vote([c["answer"] for c in cands], kind)
+        picks = {
+            "random": cands[0],
+            **{f"bo/{how}": max(cands, key=lambda c, how=how: agg(c, how)) for how in ("min", "mean", "last")},
+            "g+bo/min": max(with_greedy, key=lambda c: agg(c, "min")),
+            "vote/min": weighted_vote(cands, kind),
+            "lik/sum": max(cands, key=lambda c: c["lik"]),
+        }
+        for name, c in picks.items():
+            hits[name] += c["right"]
+        hits["maj"] += voted is not None and is_correct(f"Answer: {voted}", q["row"]["answer"], kind)
+        hits["pass"] += any(c["right"] for c in cands)
+    return {name: round(v / max(len(questions), 1), 3) for name, v in hits.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["sft"])
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--questions", type=int, default=500)
+    parser.add_argument("--n", type=int, default=8, help="samples per question and temperature")
+    parser.add_argument("--temperatures", default="0.5,0.8")
+    parser.add_argument("--prm", type=Path, default=None, help="default: models/prm")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here as JSON")
+    args = parser.parse_args()
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    rows = read_rows(paths.split_file(args.split))[: args.questions]
+    scorer = PRMScorer.load(args.prm or paths.model_dir("prm"))
+    table = {}
+    for model in args.models:
+        start = time.perf_counter()
+        questions = candidates(paths.model_dir(model), scorer, rows, args.n, temperatures)
+        greedy = round(sum(q["greedy"][0]["right"] for q in questions) / len(questions), 3)
+        table[model] = {"greedy": greedy, **{f"T{t} N{n}": rules(questions, t, n)
+                                             for t in temperatures for n in sorted({4, args.n})}}
+        print(f"\n{model} on the first {len(rows)} {args.split} questions: greedy {greedy} "
+              f"({time.perf_counter() - start:.0f} s)")
+        for setting, acc in table[model].items():
+            if setting != "greedy":
+                print(f"  {setting:9s} " + "  ".join(f"{name} {value:.3f}" for name, value in acc.items()))
+    if args.out:
+        args.out.write_text(json.dumps({"split": args.split, "questions": len(rows), "models": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
