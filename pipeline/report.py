@@ -39,11 +39,11 @@ def load_evaluations(root: Path = paths.METRICS, models: list[str] | None = None
 
 
 def decoding_markdown(evaluations: dict[str, dict]) -> str:
-    lines = ["| model | strategy | test | ood | tokens/question | PRM tokens/question | seconds/question |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | strategy | test | ood | test minus greedy (paired SE) | tokens/question | PRM tokens/question | "
+             "seconds/question |", "|---|---|---|---|---|---|---|---|"]
     for model, m in evaluations.items():
         for strategy, d in m.get("decoding", {}).items():
-            lines.append(f"| {model} | {strategy} | {d['accuracy']} | {d.get('accuracy_ood')} | "
+            lines.append(f"| {model} | {strategy} | {d['accuracy']} | {d.get('accuracy_ood')} | {_versus(d)} | "
                          f"{d['tokens_per_question']} | {d['prm_tokens_per_question']} | {d['seconds_per_question']} |")
     lines += ["", "Best-of-N against its ceilings on the same N samples (test): a perfect outcome verifier (pass@N), "
               "a perfect step verifier (picks a sample whose steps all match the gold chain), and how many "
@@ -66,6 +66,14 @@ def decoding_markdown(evaluations: dict[str, dict]) -> str:
         lines.append(f"| {model} | {f.get('pairs')} | {f.get('answered')} | {f.get('inconsistency_rate')} | "
                      f"{t.get('pairs')} | {t.get('answered')} | {t.get('inconsistency_rate')} |")
     return "\n".join(lines)
+
+
+def _versus(d: dict) -> str:
+    """'+0.035 (0.021)': a strategy's test accuracy minus greedy's with its paired standard error; '' for greedy."""
+    v = d.get("vs_greedy")
+    if not v or v["difference"] is None:
+        return ""
+    return f"{v['difference']:+.3f} ({v['standard_error']:.3f})"
 
 
 def generalisation(evaluations: dict[str, dict]) -> tuple[list[str], list[str], dict[str, list[list[float | None]]]]:

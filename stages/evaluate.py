@@ -118,8 +118,9 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
             for name, m in test["decoding"].items()
         }
         for name, m in by_split.get("ood", {}).get("decoding", {}).items():
-            if "ceilings" in m:
-                out["decoding"][name]["ceilings_ood"] = m["ceilings"]
+            for key in ("ceilings", "vs_greedy"):
+                if key in m:
+                    out["decoding"][name][f"{key}_ood"] = m[key]
     return out
 
 

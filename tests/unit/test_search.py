@@ -7,7 +7,9 @@ import math
 import pytest
 
 from pipeline.config import DecodingConfig
-from pipeline.decoding import Decoder, ceilings, faithfulness_probes, inconsistency, reversed_trend, swapped
+from pipeline.decoding import (
+    Decoder, ceilings, faithfulness_probes, inconsistency, paired_difference, reversed_trend, swapped,
+)
 from pipeline.search import (
     Line, Node, backpropagate, beam_search, best_terminal, mcts, newline_ids, prefix, prm_mcts, select, tree_paths,
     ucb,
@@ -151,6 +153,21 @@ def test_decoder_maj_and_best_of_n_on_the_same_samples():
     assert out["prm_best_of_n"]["prm_tokens_per_question"] > 0
     assert out["prm_best_of_n"]["seconds_per_question"] >= 3.0  # the sampling it reuses counts
     assert out["prm_best_of_n"]["ceilings"]["pass_at_n"] == 1.0
+    # greedy is right on question 1 only: maj@N loses it, best-of-N gains question 2
+    assert out["maj_at_n"]["vs_greedy"] == {"difference": -0.5, "standard_error": 0.5}
+    assert out["prm_best_of_n"]["vs_greedy"] == {"difference": 0.5, "standard_error": 0.5}
+    assert "vs_greedy" not in out["greedy"]
+
+
+def test_paired_difference_of_hand_counted_answers():
+    # differences 0, 1, 0, -1: mean 0, sample variance 2/3, standard error sqrt(2/3 / 4)
+    assert paired_difference([1, 1, 0, 0], [1, 0, 0, 1]) == {"difference": 0.0, "standard_error": 0.4082}
+    # differences 1, 0, 0, 0: mean 0.25, sample variance (0.75^2 + 3 x 0.25^2) / 3 = 0.25, standard error 0.25
+    assert paired_difference([1, 1, 1, 0], [0, 1, 1, 0]) == {"difference": 0.25, "standard_error": 0.25}
+    assert paired_difference([True], [True]) == {"difference": 0.0, "standard_error": 0.0}
+    assert paired_difference([], []) == {"difference": None, "standard_error": None}
+    with pytest.raises(ValueError):
+        paired_difference([1, 0], [1])
 
 
 def test_newline_ids_are_every_token_whose_text_holds_a_newline():
@@ -222,7 +239,10 @@ def test_report_tables_each_model_with_both_faithfulness_probes():
                                  "trend": {"pairs": 15, "answered": 15, "inconsistent": 8, "inconsistency_rate": 0.5333}}},
         "old": {"decoding": {}, "faithfulness": {"pairs": 3, "answered": 0, "inconsistent": 0, "inconsistency_rate": None}},
     }
+    evaluations["sft"]["decoding"]["prm_best_of_n"] = {**greedy, "accuracy": 0.45, "vs_greedy": {
+        "difference": 0.05, "standard_error": 0.021}}
     table = decoding_markdown(evaluations)
-    assert "| sft | greedy | 0.4 | 0.1 | 48.0 | 0.0 | 0.01 |" in table
+    assert "| sft | greedy | 0.4 | 0.1 |  | 48.0 | 0.0 | 0.01 |" in table
+    assert "| sft | prm_best_of_n | 0.45 | 0.1 | +0.050 (0.021) | 48.0 | 0.0 | 0.01 |" in table
     assert "| sft | 45 | 1 | 1.0 | 15 | 15 | 0.5333 |" in table
     assert "| old | 3 | 0 | None | None | None | None |" in table  # metrics from before the trend probe still render
