@@ -11,11 +11,13 @@ each policy: greedy, then `--n` samples per question at each temperature
 - `g+bo/min`: best-of-N over greedy and N - 1 samples (the same budget);
 - `vote/min`: PRM-weighted vote (each answer's summed min-scores; Math-Shepherd's
   weighted self-consistency);
-- `lik/sum`: the PRM read as a generator: the candidate whose lines have the
-  highest summed log-softmax probability under the PRM's LM head (its verdicts
-  read sigmoids of the same logits).
+- `lik/mean`: the PRM read as a generator: among the candidates that end in an
+  `Answer:` line, the one whose lines' tokens have the highest mean
+  log-softmax probability under the PRM's LM head (its verdicts read sigmoids
+  of the same logits; a mean, so that a shorter solution is not preferred).
 Choose on `--split val`, report on test. Needs the models and models/prm
-(run `make run` first). Prints one table; `--out` also writes it as JSON.
+(run `make run` first). Prints a line per temperature and N for each policy;
+`--out` also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ from pipeline.generation import LocalSampler, pad, pad_id
 from pipeline.grading import extract_answer
 from pipeline.io import read_rows
 from pipeline.models import load_model
-from pipeline.prm import EMPTY_SCORE, PRMScorer, aggregate, encode_many, scored_lines
+from pipeline.prm import EMPTY_SCORE, PRMScorer, aggregate, encode_many, is_terminal, scored_lines
 from pipeline.rewards import is_correct
 
 
 @torch.inference_mode()
 def log_likelihoods(scorer: PRMScorer, prompt: str, lines: list[list[str]]) -> list[float]:
-    """Summed log-softmax probability of each candidate's scored lines under the PRM's LM head."""
-    keep = [i for i, ls in enumerate(lines) if ls]
+    """Mean log-softmax probability of the tokens of each candidate's scored lines under the PRM's LM head.
+
+    -inf for a candidate without an Answer line: a solution cut short is never the pick.
+    """
+    keep = [i for i, ls in enumerate(lines) if ls and is_terminal(ls[-1])]
     out = [-math.inf] * len(lines)
     if not keep:
         return out
@@ -52,7 +57,7 @@ def log_likelihoods(scorer: PRMScorer, prompt: str, lines: list[list[str]]) -> l
     logits = scorer.model(input_ids=ids.to(scorer.model.device), attention_mask=mask.to(scorer.model.device)).logits
     picked = F.pad(logits[:, :-1].float().log_softmax(-1).gather(2, ids[:, 1:, None].to(logits.device))[..., 0], (1, 0))
     for row, i, (_, spans) in zip(picked.cpu(), keep, encoded):
-        out[i] = sum(row[a:b].sum().item() for a, b in spans)
+        out[i] = sum(row[a:b].sum().item() for a, b in spans) / sum(b - a for a, b in spans)
     return out
 
 
@@ -83,6 +88,7 @@ def candidates(policy_dir: Path, scorer: PRMScorer, rows: list[dict], n: int, te
 
 
 def agg(cand: dict, how: str) -> float:
+    """A candidate's PRM score as evaluate's best-of-N aggregates it."""
     return aggregate(cand["scores"], how) if cand["scores"] else EMPTY_SCORE
 
 
@@ -111,7 +117,7 @@ def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
             **{f"bo/{how}": max(cands, key=lambda c, how=how: agg(c, how)) for how in ("min", "mean", "last")},
             "g+bo/min": max(with_greedy, key=lambda c: agg(c, "min")),
             "vote/min": weighted_vote(cands, kind),
-            "lik/sum": max(cands, key=lambda c: c["lik"]),
+            "lik/mean": max(cands, key=lambda c: c["lik"]),
         }
         for name, c in picks.items():
             hits[name] += c["right"]
@@ -125,11 +131,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["sft"])
     parser.add_argument("--split", default="val")
     parser.add_argument("--questions", type=int, default=500)
-    parser.add_argument("--n", type=int, default=8, help="samples per question and temperature")
+    parser.add_argument("--n", type=int, default=8, help="samples per question and temperature (at least 4)")
     parser.add_argument("--temperatures", default="0.5,0.8")
     parser.add_argument("--prm", type=Path, default=None, help="default: models/prm")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here as JSON")
     args = parser.parse_args()
+    if args.n < 4:
+        parser.error("--n must be at least 4: the table compares N = 4 with N = --n")
     temperatures = [float(t) for t in args.temperatures.split(",")]
     rows = read_rows(paths.split_file(args.split))[: args.questions]
     scorer = PRMScorer.load(args.prm or paths.model_dir("prm"))

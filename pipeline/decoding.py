@@ -55,7 +55,9 @@ def paired_difference(right: Sequence[bool], baseline: Sequence[bool]) -> dict:
     if not n:
         return {"difference": None, "standard_error": None}
     mean = sum(diffs) / n
-    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    if n == 1:  # one question: a difference, but no spread to measure
+        return {"difference": round(mean, 4), "standard_error": None}
+    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
     return {"difference": round(mean, 4), "standard_error": round(math.sqrt(variance / n), 4)}
 
 
@@ -85,6 +87,7 @@ class Decoder:
                 continue
             if strategy in ("prm_beam", "prm_mcts") and self.policy is None:
                 continue
+            texts = None  # each branch sets it: a branch that did not would fail in _right, not reuse another's
             if strategy == "greedy":
                 texts = [t for t, _ in greedy]
                 out[strategy] = strategy_metrics(rows, texts, tokens=sum(k for _, k in greedy), seconds=greedy_seconds)
@@ -176,6 +179,7 @@ def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: 
 
 
 def _right(rows: Sequence[dict], texts: Sequence[str]) -> list[bool]:
+    """Per question, whether the completion is right (graded again after strategy_metrics: a regex per answer)."""
     return [score(row, text, 0)["correct"] for row, text in zip(rows, texts)]
 
 

@@ -73,7 +73,8 @@ def _versus(d: dict) -> str:
     v = d.get("vs_greedy")
     if not v or v["difference"] is None:
         return ""
-    return f"{v['difference']:+.3f} ({v['standard_error']:.3f})"
+    se = v["standard_error"]
+    return f"{v['difference']:+.3f} ({'-' if se is None else f'{se:.3f}'})"
 
 
 def generalisation(evaluations: dict[str, dict]) -> tuple[list[str], list[str], dict[str, list[list[float | None]]]]:

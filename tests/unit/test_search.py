@@ -164,7 +164,7 @@ def test_paired_difference_of_hand_counted_answers():
     assert paired_difference([1, 1, 0, 0], [1, 0, 0, 1]) == {"difference": 0.0, "standard_error": 0.4082}
     # differences 1, 0, 0, 0: mean 0.25, sample variance (0.75^2 + 3 x 0.25^2) / 3 = 0.25, standard error 0.25
     assert paired_difference([1, 1, 1, 0], [0, 1, 1, 0]) == {"difference": 0.25, "standard_error": 0.25}
-    assert paired_difference([True], [True]) == {"difference": 0.0, "standard_error": 0.0}
+    assert paired_difference([True], [False]) == {"difference": 1.0, "standard_error": None}
     assert paired_difference([], []) == {"difference": None, "standard_error": None}
     with pytest.raises(ValueError):
         paired_difference([1, 0], [1])
