@@ -28,13 +28,12 @@ from pipeline.search import StepPolicy, beam_search, prm_mcts
 PRM_STRATEGIES = ("prm_best_of_n", "prm_beam", "prm_mcts")
 
 
-def strategy_metrics(rows: Sequence[dict], texts: Sequence[str], *, tokens: float, seconds: float,
-                     prm_tokens: float = 0) -> dict:
-    """Accuracy (overall and by task type) of one completion per question, with the strategy's cost per question."""
-    graded = [score(row, text, 0) for row, text in zip(rows, texts)]
-    n = max(len(rows), 1)
+def strategy_metrics(graded: Sequence[dict], *, tokens: float, seconds: float, prm_tokens: float = 0) -> dict:
+    """Accuracy (overall and by task type) of one graded completion per question (`evaluation.score` records),
+    with the strategy's cost per question."""
+    n = max(len(graded), 1)
     return {
-        "questions": len(rows),
+        "questions": len(graded),
         "accuracy": accuracy_of(graded),
         "by_task_type": accuracy_by(graded, "task_type"),
         "tokens_per_question": round(tokens / n, 1),
@@ -81,40 +80,39 @@ class Decoder:
         share = sample_seconds * min(cfg.n, n_drawn) / n_drawn
         sample_tokens = sum(t for s in samples for _, t in s[: cfg.n])
         prompts = [r["prompt"] for r in rows]
-        picked: dict[str, list[str]] = {}  # each strategy's completions, for the paired comparison with greedy
+        graded: dict[str, list[dict]] = {}  # each strategy's graded completions, once: metrics and vs_greedy
         for strategy in cfg.strategies:
             if strategy in PRM_STRATEGIES and self.scorer is None:
                 continue
             if strategy in ("prm_beam", "prm_mcts") and self.policy is None:
                 continue
-            texts = None  # each branch sets it: a branch that did not would fail in _right, not reuse another's
+            texts, extra = None, {}  # each branch sets texts: one that did not would fail below, not reuse another's
             if strategy == "greedy":
                 texts = [t for t, _ in greedy]
-                out[strategy] = strategy_metrics(rows, texts, tokens=sum(k for _, k in greedy), seconds=greedy_seconds)
+                cost = {"tokens": sum(k for _, k in greedy), "seconds": greedy_seconds}
             elif strategy == "maj_at_n":
                 texts = [_voted(row, [t for t, _ in s[: cfg.n]]) for row, s in zip(rows, samples)]
-                out[strategy] = strategy_metrics(rows, texts, tokens=sample_tokens, seconds=share)
+                cost = {"tokens": sample_tokens, "seconds": share}
             elif strategy == "prm_best_of_n":
                 candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
                 with self._cost(sample_tokens, share) as cost:
                     texts, scores = self._best_of_n(prompts, candidates)
-                out[strategy] = {**strategy_metrics(rows, texts, **cost), "ceilings": ceilings(rows, candidates, scores)}
+                extra = {"ceilings": ceilings(rows, candidates, scores)}
             elif strategy == "prm_beam":
                 with self._cost() as cost:
                     texts = beam_search(prompts, self.policy, self.scorer.score, n=cfg.n, width=cfg.beam_width,
                                         max_steps=cfg.max_steps, how=cfg.aggregation)
-                out[strategy] = strategy_metrics(rows, texts, **cost)
             elif strategy == "prm_mcts":
                 with self._cost() as cost:
                     texts = prm_mcts(prompts, self.policy, self.scorer.score, iterations=cfg.mcts_iterations,
                                      children=cfg.mcts_children, c=cfg.ucb_c, max_steps=cfg.max_steps)
-                out[strategy] = strategy_metrics(rows, texts, **cost)
-            picked[strategy] = texts
-        if "greedy" in picked:
-            baseline = _right(rows, picked["greedy"])
-            for strategy, texts in picked.items():
+            graded[strategy] = [score(row, text, 0) for row, text in zip(rows, texts)]
+            out[strategy] = {**strategy_metrics(graded[strategy], **cost), **extra}
+        if "greedy" in graded:
+            baseline = [g["correct"] for g in graded["greedy"]]
+            for strategy, records in graded.items():
                 if strategy != "greedy":
-                    out[strategy]["vs_greedy"] = paired_difference(_right(rows, texts), baseline)
+                    out[strategy]["vs_greedy"] = paired_difference([g["correct"] for g in records], baseline)
         return out
 
     def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
@@ -176,11 +174,6 @@ def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: 
         "step_oracle": round(oracle / n_questions, 4),
         "all_steps_right": round(sum(map(sum, clean)) / max(total, 1), 4),
     }
-
-
-def _right(rows: Sequence[dict], texts: Sequence[str]) -> list[bool]:
-    """Per question, whether the completion is right (graded again after strategy_metrics: a regex per answer)."""
-    return [score(row, text, 0)["correct"] for row, text in zip(rows, texts)]
 
 
 def _voted(row: dict, texts: Sequence[str]) -> str:
