@@ -84,9 +84,9 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     for a Qwen2 config; likewise for Llama- or GPT2-typed Hub models), which replaces
     the saved pre-tokenizer with that class's defaults (huggingface/transformers#45920):
     a tokenizer trained with other pre-tokenization rules then silently encodes
-    differently from training. For the default tokenizer both agree; tokenizer.json is
-    the definition that was trained. Without one (slow tokenizer files only) AutoTokenizer
-    converts what there is.
+    differently from training. The default tokenizer is one: its spaced digits (" 1", "5")
+    come back split (" ", "1", "5"). tokenizer.json is the definition that was trained.
+    Without one (slow tokenizer files only) AutoTokenizer converts what there is.
     """
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(path))
