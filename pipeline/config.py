@@ -93,6 +93,9 @@ class DrillConfig(Section):
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
     batch_size: int = Field(16, ge=1, description="drills per optimizer step")
     val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metrics ask")
+    gate: float = Field(0.9, ge=0, le=1, description="numbers drill: held-out exact match an init must reach; "
+                        "below it the next init (seed + 1) is built and drilled")
+    restarts: int = Field(2, ge=0, description="more inits tried when one misses `gate` (each a full drill run)")
 
 
 class BaseModelConfig(Section):
@@ -444,10 +447,10 @@ class DecodingConfig(Section):
         ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
     )
     prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
-    questions: int = Field(200, ge=1, description="questions per split, the first N (all strategies on the same ones)")
+    questions: int = Field(500, ge=1, description="questions per split, the first N (all strategies on the same ones)")
     n: int = Field(4, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
     aggregation: Literal["min", "last", "mean"] = Field(
-        "min", description="best-of-N and beam search's final pick: a solution's score from its lines")
+        "mean", description="best-of-N and beam search's final pick: a solution's score from its lines")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
     mcts_iterations: int = Field(6, ge=1, description="PRM-MCTS: iterations per question")
     mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")
@@ -522,7 +525,7 @@ class EvaluateConfig(Section):
     max_samples: int | None = Field(None, ge=1, description="evaluate only the first N questions of each split")
     splits: list[Literal["test", "ood", "val"]] = Field(["test", "ood"], min_length=1, description="splits to evaluate")
     k: int = Field(4, ge=1, description="pass@k and maj@k: samples per question")
-    k_samples: int | None = Field(200, ge=1, description="pass@k and maj@k: on the first N questions of each split")
+    k_samples: int | None = Field(500, ge=1, description="pass@k and maj@k: on the first N questions of each split")
     k_temperature: float = Field(0.8, gt=0, description="pass@k and maj@k: sampling temperature")
     decoding: DecodingConfig = Field(default_factory=DecodingConfig, description="PRM-guided decoding")
 

@@ -54,7 +54,7 @@ def test_synthesize_is_byte_identical_on_rerun(workspace):
     assert [name for name in before if before[name] != after[name]] == []
 
 
-def test_base(workspace):
+def test_base(workspace, caplog):
     from stages import base
 
     base.main()
@@ -70,6 +70,12 @@ def test_base(workspace):
     assert {k: v["steps"] for k, v in metrics["drills"].items()} == {"colour": p["colour_steps"],
                                                                      "numbers": p["number_steps"]}
     assert all(0 <= v["exact"] <= 1 for v in metrics["drills"].values())
+    # six drill steps never read 0.9 of the lookups: every init was tried, the best reader kept
+    tries = [a["seed"] for a in metrics["inits"]]
+    assert tries == [0, 1, 2][: 1 + p.get("restarts", 2)] and sum(a["kept"] for a in metrics["inits"]) == 1
+    kept = next(a for a in metrics["inits"] if a["kept"])
+    assert kept["seed"] == metrics["init_seed"] and kept["numbers_exact"] == metrics["drills"]["numbers"]["exact"]
+    assert "none learned the lookup" in caplog.text  # said, not only in metrics
     for curve in ("colour/loss", "colour/val_exact", "numbers/loss", "numbers/val_exact"):
         assert (paths.live_dir("base") / "plots" / "metrics" / f"{curve}.tsv").exists(), curve
 

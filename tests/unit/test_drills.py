@@ -132,3 +132,58 @@ def test_exact_is_the_share_of_continuations_that_start_with_the_target():
     assert scores == {"all": 0.667, "later": 1.0, "first": 0.0, "year": 1.0, "n_later": 1, "n_first": 1, "n_year": 1}
     assert model.training  # put back as it was
     assert drills.exact(model, tokenizer, pairs[:1]) == {"all": 1.0}
+
+
+def _tiny(restarts: int, gate: float):
+    synth = SynthesizeConfig()
+    texts = [drills.table_row(drills.random_table(random.Random(i), synth))["prompt"] for i in range(60)]
+    tokenizer = train_tokenizer(texts + ["Value for Copy: ."] * 5, 300)
+    cfg = DrillConfig(colour_steps=2, number_steps=2, batch_size=2, val_tables=5, gate=gate, restarts=restarts)
+    size = BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=1)
+    built = []
+
+    def build(seed):
+        built.append(seed)
+        return build_student(size.model_copy(update={"seed": seed}), tokenizer)
+
+    return tokenizer, cfg, synth, build, built
+
+
+def test_drill_until_read_stops_at_the_first_init_that_passes_the_gate():
+    tokenizer, cfg, synth, build, built = _tiny(restarts=3, gate=0.0)
+    _, metrics, attempts = drills.drill_until_read(build, 5, tokenizer, cfg, synth)
+    assert built == [5] and attempts == [{"seed": 5, "numbers_exact": metrics["numbers"]["exact"], "kept": True}]
+
+
+def _scripted_reads(monkeypatch, reads: list[float]) -> None:
+    """train_drills trains as it does, then reports the next of `reads` as the numbers drill's exact match."""
+    real, reads = drills.train_drills, iter(reads)
+
+    def scored(model, *args, **kwargs):
+        metrics = real(model, *args, **kwargs)
+        metrics["numbers"]["exact"] = model.read = next(reads)
+        return metrics
+
+    monkeypatch.setattr(drills, "train_drills", scored)
+
+
+def test_drill_until_read_tries_every_restart_and_keeps_the_best_reader(monkeypatch):
+    tokenizer, cfg, synth, build, built = _tiny(restarts=2, gate=0.9)
+    _scripted_reads(monkeypatch, [0.3, 0.7, 0.5])  # the second init reads best, none passes
+    logged = []
+    model, metrics, attempts = drills.drill_until_read(build, 0, tokenizer, cfg, synth,
+                                                       lambda *entry: logged.append(entry))
+    assert built == [0, 1, 2] and model.read == metrics["numbers"]["exact"] == 0.7
+    assert [(a["seed"], a["numbers_exact"], a["kept"]) for a in attempts] == [(0, 0.3, False), (1, 0.7, True),
+                                                                              (2, 0.5, False)]
+    # the first try's curves keep their names, later tries' are under their seed
+    names = {name for name, _, _ in logged}
+    assert {"numbers/val_exact", "seed1/numbers/val_exact", "seed2/numbers/val_exact"} <= names
+
+
+def test_drill_until_read_stops_at_a_later_init_that_passes(monkeypatch):
+    tokenizer, cfg, synth, build, built = _tiny(restarts=4, gate=0.9)
+    _scripted_reads(monkeypatch, [0.2, 0.95, 0.99])
+    model, _, attempts = drills.drill_until_read(build, 0, tokenizer, cfg, synth)
+    assert built == [0, 1] and model.read == 0.95 and [a["kept"] for a in attempts] == [False, True]
