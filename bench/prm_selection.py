@@ -15,7 +15,10 @@ each policy: greedy, then `--n` samples per question at each temperature
   `Answer:` line, the one whose lines' tokens have the highest mean
   log-softmax probability under the PRM's LM head (its verdicts read sigmoids
   of the same logits; a mean, so that a shorter solution is not preferred).
-Choose on `--split val`, report on test. Needs the models and models/prm
+`--by-type` also counts, per task type (T 0.8, N 4, by the mean), greedy,
+best-of-4, pass@4 and how often best-of-4 picks right among the questions
+whose samples mix right and wrong answers: where the gain lies and where
+the PRM misses. Choose on `--split val`, report on test. Needs the models and models/prm
 (run `make run` first). Prints a line per temperature and N for each policy;
 `--out` also writes them as JSON.
 """
@@ -126,6 +129,24 @@ def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
     return {name: round(v / max(len(questions), 1), 3) for name, v in hits.items()}
 
 
+def by_type(questions: list[dict], key: float, n: int, how: str) -> dict[str, dict]:
+    """Per task type at temperature `key` and N = n: questions, greedy, best-of-n by `how`, pass@n, and the
+    questions whose n samples mix right and wrong answers with how many of them best-of-n got right."""
+    out: dict[str, dict] = defaultdict(lambda: defaultdict(int))
+    for q in questions:
+        cands, cell = q[key][:n], out[q["row"]["task_type"]]
+        right = [c["right"] for c in cands]
+        pick = max(cands, key=lambda c: agg(c, how))["right"]
+        cell["questions"] += 1
+        cell["greedy"] += q["greedy"][0]["right"]
+        cell[f"bo/{how}"] += pick
+        cell["pass"] += any(right)
+        if any(right) and not all(right):
+            cell["mixed"] += 1
+            cell["mixed_picked_right"] += pick
+    return {kind: dict(cell) for kind, cell in sorted(out.items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["sft"])
@@ -135,6 +156,8 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0.5,0.8")
     parser.add_argument("--prm", type=Path, default=None, help="default: models/prm")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here as JSON")
+    parser.add_argument("--by-type", action="store_true",
+                        help="also count, per task type at T 0.8 and N 4 by the mean, where best-of-N gains and misses")
     args = parser.parse_args()
     if args.n < 4:
         parser.error("--n must be at least 4: the table compares N = 4 with N = --n")
@@ -153,6 +176,11 @@ def main() -> None:
         for setting, acc in table[model].items():
             if setting != "greedy":
                 print(f"  {setting:9s} " + "  ".join(f"{name} {value:.3f}" for name, value in acc.items()))
+        if args.by_type and 0.8 in temperatures:
+            table[model]["by_type"] = by_type(questions, 0.8, 4, "mean")
+            print("  T0.8 N4 by task type (counts): " + "; ".join(
+                f"{kind} " + " ".join(f"{k} {v}" for k, v in cell.items())
+                for kind, cell in table[model]["by_type"].items()))
     if args.out:
         args.out.write_text(json.dumps({"split": args.split, "questions": len(rows), "models": table}, indent=1))
 

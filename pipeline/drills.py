@@ -184,8 +184,8 @@ def drill_until_read(build: Callable[[int], torch.nn.Module], seed: int, tokeniz
                      synth: SynthesizeConfig, log=None) -> tuple[torch.nn.Module, dict, list[dict]]:
     """Build (`build(seed)`) and drill a student until one reads `cfg.gate` of the held-out lookups.
 
-    Why: whether the numeric lookup clicks is a matter of the initial weights (README, "This
-    version: the numeric lookup clicks"), so an init that misses it is replaced by the next seed,
+    Why: whether the numeric lookup clicks is a matter of the initial weights (README, "The
+    numeric lookup clicks"), so an init that misses it is replaced by the next seed,
     up to `cfg.restarts` times, every try on the same drill tables. Returns the first init that
     passes, else the one that read the most; the kept init's drill metrics; and every try's
     seed, numbers exact match and whether it was kept. Curves of a try after the first
