@@ -14,7 +14,8 @@ values tie are skipped). Prints the greedy exact match on 200 held-out tables
 before training and five times during it, per rank asked; a key of the list
 picked at random gets about 1/4. The loss is on the answer only; AdamW, 5%
 warm-up, cosine (pipeline/drills.fit). The held-out tables are drawn first
-from the seeded stream, so a run repeats exactly. Nothing is saved.
+from the seeded stream, so a run repeats exactly. `--save DIR` keeps the
+drilled model (e.g. to train a PRM from it in a scratch copy).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pipeline.cof.verbalize import format_prompt
 from pipeline.config import SynthesizeConfig, load_section
 from pipeline.drills import encode, exact, fit
 from pipeline.generation import pad_id
-from pipeline.models import load_model
+from pipeline.models import load_model, save_model
 
 NOUNS = {"bar": "bars", "line": "points", "pie": "slices"}
 RANKS = {"largest": -1, "smallest": 0, "second largest": -2, "second smallest": 1}  # index in ascending order
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--val", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--save", type=Path, default=None, help="save the drilled model and tokenizer here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     synth = load_section("synthesize", SynthesizeConfig)
@@ -85,6 +87,8 @@ def main() -> None:
         print(json.dumps({"step": step, "loss": round(loss, 4), "exact": scores(model, tokenizer, val)}), flush=True)
 
     fit(model, pad_id(tokenizer), args.steps, batch, args.lr, report)
+    if args.save:
+        save_model(model, tokenizer, args.save)
 
 
 if __name__ == "__main__":
