@@ -23,7 +23,8 @@ from pipeline import paths
 from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
 from pipeline.drills import train_drills
 from pipeline.io import read_rows
-from pipeline.models import build_student, train_tokenizer
+from pipeline.models import build_student
+from stages.base import run as build_base
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
         cfg = cfg.model_copy(update={"vocab_size": args.vocab_size})
     synth = load_section("synthesize", SynthesizeConfig)
     rows = read_rows(paths.split_file("train"), required=("prompt", "rationale"))
-    tokenizer = train_tokenizer((r["prompt"] + r["rationale"] for r in rows), cfg.vocab_size, cfg.digits)
+    _, tokenizer = build_base(cfg, rows)  # the stage's own tokenizer (its undrilled model is not used)
     for seed in args.seeds:
         start = time.time()
         model = build_student(cfg.model_copy(update={"seed": seed}), tokenizer)

@@ -27,15 +27,16 @@ from pathlib import Path
 
 import torch
 
-from pipeline.cof.tables import random_table
-from pipeline.cof.verbalize import format_prompt
+from pipeline.cof.tables import MARK_NOUNS, random_table
+from pipeline.cof.verbalize import STEPS, format_prompt
 from pipeline.config import SynthesizeConfig, load_section
 from pipeline.drills import encode, exact, fit
 from pipeline.generation import pad_id
 from pipeline.models import load_model, save_model
 
-NOUNS = {"bar": "bars", "line": "points", "pie": "slices"}
-RANKS = {"largest": -1, "smallest": 0, "second largest": -2, "second smallest": 1}  # index in ascending order
+# rank asked -> (the rationales' step function, its index in ascending order)
+RANKS = {"largest": ("max_one_object", -1), "smallest": ("min_one_object", 0),
+         "second largest": ("second_max", -2), "second smallest": ("second_min", 1)}
 
 
 def rank_drill(rng: random.Random, synth: SynthesizeConfig) -> tuple[str, str, str]:
@@ -47,11 +48,13 @@ def rank_drill(rng: random.Random, synth: SynthesizeConfig) -> tuple[str, str, s
             break
     head, line = format_prompt(table, "x").split("\n")[:2]
     rank = rng.choice(list(RANKS))
-    key, value = sorted(pairs, key=lambda p: p[1])[RANKS[rank]]
-    listed = ", ".join(f"{c} {v}" for c, v in pairs)
-    noun = NOUNS.get(table["chart_type"], "bars")
-    prompt = f"{head}\n{line}\nStep 1: Select all {noun}: {listed}.\nStep 2: The {rank} of them is"
-    return prompt, f" {key} {value}.", rank
+    function, index = RANKS[rank]
+    key, value = sorted(pairs, key=lambda p: p[1])[index]
+    # the steps worded as the rationales word them (pipeline/cof/verbalize.STEPS); the answer is the value slot
+    nouns = MARK_NOUNS[table["chart_type"]][1]
+    listed = STEPS["select_all"].format(nouns=nouns, v=", ".join(f"{c} {v}" for c, v in pairs))
+    asked = STEPS[function].split("{v}")[0].rstrip()
+    return f"{head}\n{line}\nStep 1: {listed}\nStep 2: {asked}", f" {key} {value}.", rank
 
 
 def scores(model, tokenizer, val: list[tuple[str, str, str]]) -> dict:
