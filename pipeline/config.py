@@ -98,6 +98,18 @@ class DrillConfig(Section):
     restarts: int = Field(2, ge=0, description="more inits tried when one misses `gate` (each a full drill run)")
 
 
+class RankDrillConfig(Section):
+    """`prm.rank_drill`: the ranking drill the PRM's init (the policy) trains on first (pipeline/drills.py)."""
+
+    seed: int = Field(0, description="RNG seed of the random tables and the ranks asked")
+    steps: int = Field(7200, ge=0, description="optimizer steps (0: no drill); the held-out read clicks after "
+                       "about 3,000 (README)")
+    learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
+    batch_size: int = Field(16, ge=1, description="drills per optimizer step")
+    val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metric asks")
+    expect: float = Field(0.8, ge=0, le=1, description="held-out exact match below which the stage warns")
+
+
 class BaseModelConfig(Section):
     """`base`: the tokenizer and the student before SFT (built from scratch and drilled, or loaded)."""
 
@@ -433,6 +445,8 @@ class PRMConfig(Section):
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
     logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")
     batch_size: int = Field(64, ge=1, description="paths scored together when measuring held-out AUROC")
+    rank_drill: RankDrillConfig = Field(default_factory=RankDrillConfig,
+                                        description="the ranking drill the policy's LM trains on before the PRM does")
 
 
 class DecodingConfig(Section):

@@ -14,6 +14,10 @@ on the table line alone:
 A drill's prompt is the synthesized prompt's chart header and table line (the
 same verbalizer as the questions), then "Value for <key>:"; the target repeats
 the key and its value (" Tigers 19."). The loss is on the target only.
+
+The ranking drill (`rank_drill`, `train_rank_drill`) teaches the step that
+ranks a listed set, worded as the rationales word it, to a model that already
+reads the table (the PRM's init: README, "Where best-of-4 still loses").
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.cof.tables import COLOURS, random_table
-from pipeline.cof.verbalize import format_prompt
-from pipeline.config import DrillConfig, SynthesizeConfig
+from pipeline.cof.tables import COLOURS, MARK_NOUNS, random_table
+from pipeline.cof.verbalize import STEPS, format_prompt
+from pipeline.config import DrillConfig, RankDrillConfig, SynthesizeConfig
 from pipeline.generation import pad as pad_batch, pad_id
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, target ids)
@@ -206,3 +210,69 @@ def drill_until_read(build: Callable[[int], torch.nn.Module], seed: int, tokeniz
     model, metrics, kept = best
     attempts[kept]["kept"] = True
     return model, metrics, attempts
+
+
+# rank asked -> (the rationales' step function, the key's index in ascending order)
+RANKS = {"largest": ("max_one_object", -1), "smallest": ("min_one_object", 0),
+         "second largest": ("second_max", -2), "second smallest": ("second_min", 1)}
+
+
+def rank_drill(rng: random.Random, synth: SynthesizeConfig) -> tuple[str, str, str]:
+    """(prompt, target, rank asked) of one ranking drill on a new random table without ties.
+
+    "<chart header>\\n<table line>\\nStep 1: Select all bars: Lions 15, Bears 16, Eagles 3.\\n
+    Step 2: The largest of them is" -> " Bears 16."; the steps are worded by the
+    rationales' own templates (pipeline/cof/verbalize.STEPS) and the target is the value slot.
+    """
+    while True:
+        table = random_table(rng, synth)
+        pairs = [(c, v[0]) for c, v in zip(table["categories"], table["values"])]
+        if len({v for _, v in pairs}) == len(pairs) and len(pairs) >= 3:
+            break
+    head, line = format_prompt(table, "x").split("\n")[:2]
+    rank = rng.choice(list(RANKS))
+    function, index = RANKS[rank]
+    key, value = sorted(pairs, key=lambda p: p[1])[index]
+    nouns = MARK_NOUNS[table["chart_type"]][1]
+    listed = STEPS["select_all"].format(nouns=nouns, v=", ".join(f"{c} {v}" for c, v in pairs))
+    asked = STEPS[function].split("{v}")[0].rstrip()
+    return f"{head}\n{line}\nStep 1: {listed}\nStep 2: {asked}", f" {key} {value}.", rank
+
+
+def rank_exact(model, tokenizer, val: Sequence[tuple[str, str, str]]) -> dict:
+    """Greedy exact match on ranking drills, in all and per rank asked (a key of the list at random: about 1/4)."""
+    out = {"all": exact(model, tokenizer, [(p, t) for p, t, _ in val])["all"]}
+    for rank in RANKS:
+        asked = [(p, t) for p, t, r in val if r == rank]
+        out[rank] = exact(model, tokenizer, asked)["all"] if asked else None
+    return out
+
+
+def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, log=None) -> dict:
+    """`cfg.steps` of the ranking drill on new seeded random tables; its metrics.
+
+    Validation asks one rank of each of `cfg.val_tables` tables drawn before any training
+    table (so a run repeats exactly, whatever the step count). `log(name, step, value)`
+    receives the loss and the held-out exact match five times: the drill clicks (README).
+    Returns steps, last loss, seconds, exact match before and after, and after per rank.
+    """
+    log = log or (lambda name, step, value: None)
+    rng = random.Random(cfg.seed)
+    val = [rank_drill(rng, synth) for _ in range(cfg.val_tables)]
+    before, start, losses = rank_exact(model, tokenizer, val), time.time(), []
+    read = {0: before}
+
+    def batch() -> list[Pair]:
+        return [encode(tokenizer, *rank_drill(rng, synth)[:2]) for _ in range(cfg.batch_size)]
+
+    def report(step: int, loss: float) -> None:
+        losses.append(loss)
+        read[step] = rank_exact(model, tokenizer, val)
+        log("rank/loss", step, loss)
+        log("rank/val_exact", step, read[step]["all"])
+
+    fit(model, pad_id(tokenizer), cfg.steps, batch, cfg.learning_rate, report, desc="ranking drill")
+    after = dict(read.get(cfg.steps) or rank_exact(model, tokenizer, val))
+    return {"steps": cfg.steps, "loss": round(losses[-1], 4) if losses else None,
+            "seconds": round(time.time() - start, 1), "exact_before": before["all"], "exact": after.pop("all"),
+            "exact_by_rank": after}

@@ -2,29 +2,35 @@
 
 The process reward model: the policy's causal LM (`prm_data.policy`, default
 models/sft) whose LM head is read as a verdict on each token of a line
-(pipeline/prm.py), trained on data/prm_data/train.parquet (BCE on gold 0/1
-labels, MSE on MCTS log_boost labels; `prm.sources` picks which) and, as a
-generator, on the gold chains of data/prm_data/chains.parquet (next-token
+(pipeline/prm.py). First it drills the ranking step (`prm.rank_drill`,
+pipeline/drills.py: "The largest of them is" after a listed set, on new random
+tables), which the policy guesses and so a PRM started from it cannot check
+(README, "Where best-of-4 still loses"). Then it is trained on
+data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
+labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
 the right step checks steps better; README, "What the PRM can check"). Scored on the held-out gold labels of
 validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
 Writes models/prm/, metrics/prm.json and plots/prm/ (loss curve via dvclive,
-calibration.json and calibration.png).
+the drill's curves in rank_drill/, calibration.json and calibration.png).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import torch
+from dvclive import Live
 
 from pipeline import paths
-from pipeline.config import PRMConfig, PRMDataConfig, load_section
+from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig, load_section
+from pipeline.drills import train_rank_drill
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import load_tokenizer, save_model
+from pipeline.models import default_device, load_tokenizer, save_model
 from pipeline.plots import reliability_chart
 from pipeline.prm import (
     AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal, prm_from_policy,
@@ -83,7 +89,26 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
     return out
 
 
-def _flow(cfg: PRMConfig, policy: str) -> None:
+def rank_drilled(model, tokenizer, cfg: PRMConfig, synth: SynthesizeConfig, live_dir) -> dict | None:
+    """Drill the PRM's init on the ranking step in place (curves in `live_dir`); the drill's metrics, None if off."""
+    if not cfg.rank_drill.steps:
+        return None
+    model.to(default_device())  # the drill's own loop (the Trainer that follows places the model itself)
+    with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
+
+        def log(name: str, step: int, value: float) -> None:
+            live.step = step
+            live.log_metric(name, value)
+
+        metrics = train_rank_drill(model, tokenizer, cfg.rank_drill, synth, log)
+    level = logging.INFO if metrics["exact"] >= cfg.rank_drill.expect else logging.WARNING
+    # Below `expect` the PRM still guesses which key a ranked step names (README, "Where best-of-4 still loses").
+    stage_logger().log(level, "ranking drill: held-out exact match %.3f -> %.3f after %d steps (expected >= %.2f)",
+                       metrics["exact_before"], metrics["exact"], metrics["steps"], cfg.rank_drill.expect)
+    return metrics
+
+
+def _flow(cfg: PRMConfig, policy: str, synth: SynthesizeConfig) -> None:
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
     val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
@@ -97,7 +122,10 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
     model = prm_from_policy(policy_dir, cfg.extra_layers)
     out_dir = paths.model_dir("prm")
     with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
+        drill = rank_drilled(model, tokenizer, cfg, synth, live / "rank_drill")
         metrics = prm_train(cfg, model, tokenizer, rows + chains, out / ".trainer", live)
+        if drill:
+            metrics["rank_drill"] = drill
         metrics["sources"] = {s: sum(r["source"] == s for r in rows) for s in cfg.sources}
         if chains:
             metrics["sources"]["chain"] = len(chains)
@@ -120,7 +148,8 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("prm", PRMConfig)
         policy = load_section("prm_data", PRMDataConfig).policy
-    run_stage("prm", _flow, cfg, policy)
+        synth = load_section("synthesize", SynthesizeConfig)
+    run_stage("prm", _flow, cfg, policy, synth)
 
 
 if __name__ == "__main__":

@@ -231,11 +231,16 @@ def test_prm_data_refuses_the_policys_own_question_seed(workspace, capsys):
     assert (paths.stage_data("prm_data") / "train.parquet").read_bytes() == before
 
 
-def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspace):
+def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspace, caplog):
     from stages import prm
 
     prm.main()
     metrics = json.loads(paths.metrics_file("prm").read_text())
+    # the ranking drill ran first, its curves beside the PRM's; three steps never read 0.8: a warning says so
+    drill = metrics["rank_drill"]
+    assert drill["steps"] == TINY_PARAMS["prm"]["rank_drill"]["steps"] and 0 <= drill["exact"] <= 1
+    assert (paths.live_dir("prm") / "rank_drill" / "metrics.json").exists()
+    assert any(r.levelname == "WARNING" and "ranking drill" in r.getMessage() for r in caplog.records)
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
     assert metrics["sources"]["chain"] == 32 and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
     assert metrics["held_out"]["lines"] == sum(len(r["labels"]) for r in read_rows(paths.split_file("val", "prm_data")))

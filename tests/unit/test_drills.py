@@ -17,6 +17,23 @@ ROW = {
 }
 
 
+TINY = BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1)
+
+
+def drilled_twice(train, tokenizer) -> list[tuple[dict, list, list]]:
+    """Two runs of `train(model, log)` on the same tiny init: (metrics, log entries, weights) each; each moves every tensor."""
+    runs = []
+    for _ in range(2):
+        model = build_student(TINY, tokenizer)
+        before = [p.detach().clone() for p in model.parameters()]
+        logged = []
+        metrics = train(model, lambda *entry: logged.append(entry))
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        runs.append((metrics, logged, [p.detach().clone() for p in model.parameters()]))
+    return runs
+
+
 class Second:
     """An rng that always picks the second pair and shuffles nothing."""
 
@@ -75,17 +92,8 @@ def test_train_drills_trains_both_drills_and_repeats_exactly():
     texts = [drills.table_row(drills.random_table(random.Random(i), synth))["prompt"] for i in range(60)]
     tokenizer = train_tokenizer(texts + ["Value for Copy: ."] * 5, 300)
     cfg = DrillConfig(colour_steps=4, number_steps=3, batch_size=2, val_tables=5)
-    size = BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           num_key_value_heads=1)
-    runs = []
-    for _ in range(2):
-        model = build_student(size, tokenizer)
-        before = [p.detach().clone() for p in model.parameters()]
-        logged = []
-        metrics = drills.train_drills(model, tokenizer, cfg, synth, lambda *entry: logged.append(entry))
-        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-        runs.append((metrics, logged, [p.detach().clone() for p in model.parameters()]))
-    (metrics, logged, weights), (metrics2, logged2, weights2) = runs
+    (metrics, logged, weights), (metrics2, logged2, weights2) = drilled_twice(
+        lambda model, log: drills.train_drills(model, tokenizer, cfg, synth, log), tokenizer)
     assert [m["steps"] for m in metrics.values()] == [4, 3] and list(metrics) == ["colour", "numbers"]
     assert all(0 <= m["exact"] <= 1 and m["loss"] > 0 for m in metrics.values())
     by_key = metrics["numbers"]["exact_by_key"]
@@ -139,13 +147,11 @@ def _tiny(restarts: int, gate: float):
     texts = [drills.table_row(drills.random_table(random.Random(i), synth))["prompt"] for i in range(60)]
     tokenizer = train_tokenizer(texts + ["Value for Copy: ."] * 5, 300)
     cfg = DrillConfig(colour_steps=2, number_steps=2, batch_size=2, val_tables=5, gate=gate, restarts=restarts)
-    size = BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           num_key_value_heads=1)
     built = []
 
     def build(seed):
         built.append(seed)
-        return build_student(size.model_copy(update={"seed": seed}), tokenizer)
+        return build_student(TINY.model_copy(update={"seed": seed}), tokenizer)
 
     return tokenizer, cfg, synth, build, built
 
@@ -187,3 +193,59 @@ def test_drill_until_read_stops_at_a_later_init_that_passes(monkeypatch):
     _scripted_reads(monkeypatch, [0.2, 0.95, 0.99])
     model, _, attempts = drills.drill_until_read(build, 0, tokenizer, cfg, synth)
     assert built == [0, 1] and model.read == 0.95 and [a["kept"] for a in attempts] == [False, True]
+
+
+# the ranking step as the rationales word it (pipeline/cof/verbalize.STEPS), written out by hand
+ASKED = {"largest": "The largest of them is", "smallest": "The smallest of them is",
+         "second largest": "The second largest of them is", "second smallest": "The second smallest of them is"}
+
+
+def test_rank_drill_asks_a_listed_rank_and_answers_its_key_and_value():
+    synth, rng, seen = SynthesizeConfig(), random.Random(3), set()
+    for _ in range(60):
+        prompt, target, rank = drills.rank_drill(rng, synth)
+        head, line, step1, step2 = prompt.split("\n")
+        chart = head.split(".")[0].removeprefix("Chart: ")
+        nouns = {"bar": "bars", "line": "points", "pie": "slices"}[chart]
+        assert step1.startswith(f"Step 1: Select all {nouns}: ") and step2 == f"Step 2: {ASKED[rank]}"
+        pairs = [item.rsplit(" ", 1) for item in step1.split(": ", 2)[2].rstrip(".").split(", ")]
+        values = [int(v) for _, v in pairs]
+        assert len(set(values)) == len(values) >= 3  # no ties: one right key
+        assert all(f"{k}: {v}" in line for k, v in pairs)  # the listed set is the table's
+        order = sorted(pairs, key=lambda p: int(p[1]))
+        key, value = order[{"largest": -1, "smallest": 0, "second largest": -2, "second smallest": 1}[rank]]
+        assert target == f" {key} {value}."
+        seen.add(rank)
+    assert seen == set(ASKED)
+
+
+def test_rank_drill_on_a_hand_made_table(monkeypatch):
+    table = {"chart_type": "pie", "title": "Points by team", "unit": "pts", "colour_by": "category",
+             "colours": ["pink", "blue", "brown"], "categories": ["Lions", "Tigers", "Eagles"], "series": ["points"],
+             "values": [[20], [19], [4]]}
+    monkeypatch.setattr(drills, "random_table", lambda rng, synth: table)
+    # Second() picks the second rank of RANKS: the smallest
+    assert drills.rank_drill(Second(), SynthesizeConfig()) == (
+        f"{HEAD}\nLions: 20 pink | Tigers: 19 blue | Eagles: 4 brown\n"
+        "Step 1: Select all slices: Lions 20, Tigers 19, Eagles 4.\nStep 2: The smallest of them is",
+        " Eagles 4.", "smallest")
+
+
+def test_train_rank_drill_trains_reports_and_repeats_exactly():
+    from pipeline.config import RankDrillConfig
+
+    synth = SynthesizeConfig()
+    texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]
+    tokenizer = train_tokenizer(texts, 300)
+    cfg = RankDrillConfig(steps=5, batch_size=2, val_tables=6)
+    (metrics, logged, weights), (metrics2, logged2, weights2) = drilled_twice(
+        lambda model, log: drills.train_rank_drill(model, tokenizer, cfg, synth, log), tokenizer)
+    assert metrics["steps"] == 5 and metrics["loss"] > 0 and 0 <= metrics["exact_before"] <= 1
+    assert 0 <= metrics["exact"] <= 1 and set(metrics["exact_by_rank"]) == set(drills.RANKS)
+    # a loss and a held-out read at each of five reports (every step here)
+    assert [(name, step) for name, step, _ in logged] == [(n, s) for s in range(1, 6)
+                                                          for n in ("rank/loss", "rank/val_exact")]
+    assert logged[-1][2] == metrics["exact"]
+    assert logged == logged2 and metrics["exact"] == metrics2["exact"]
+    assert all(torch.equal(a, b) for a, b in zip(weights, weights2))
+    json.dumps(metrics)  # plain data, as metrics/prm.json takes it
