@@ -26,7 +26,9 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -78,6 +80,21 @@ def drill(task: str, row: dict, rng: random.Random, values: str = "chart", fmt: 
     return f"{head}\n{line}\nValue for {c}:", f" {c} {v}."
 
 
+@contextmanager
+def curve_log(live_dir: Path) -> Iterator[Callable[[str, int, float], None]]:
+    """A `log(name, step, value)` for the drills' curves, written by dvclive into `live_dir`
+    (no dvc.yaml edits, no DVC experiment); the files are complete when the block ends."""
+    from dvclive import Live
+
+    with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
+
+        def log(name: str, step: int, value: float) -> None:
+            live.step = step
+            live.log_metric(name, value)
+
+        yield log
+
+
 def key_kind(prompt: str, target: str) -> str:
     """Which key a lookup asks: a year, the table line's first key, or a later (word) key."""
     key = target.split()[0]
@@ -121,11 +138,15 @@ def fit(model, pad: int, steps: int, batch: Callable[[], Sequence[Pair]], lr: fl
 
 
 @torch.no_grad()
-def exact(model, tokenizer, pairs: Sequence[tuple[str, str]], by_kind: bool = False, batch_size: int = 50) -> dict:
+def exact(model, tokenizer, pairs: Sequence[tuple[str, str]], by_kind: bool = False, batch_size: int = 50,
+          kinds: Sequence[str] | None = None) -> dict:
     """Greedy exact match of (prompt, target) text pairs: the share whose continuation starts with the target.
 
-    With `by_kind` (lookups), also the share per `key_kind` and its count (n_<kind>).
+    With `by_kind` (lookups), also the share per `key_kind` and its count (n_<kind>); `kinds`
+    names each pair's kind instead (one pass for a total and a split, e.g. per rank asked).
     """
+    if by_kind and kinds is None:
+        kinds = [key_kind(prompt, target) for prompt, target in pairs]
     was_training = model.training
     model.eval()
     right: dict[str, list[bool]] = {}
@@ -137,9 +158,9 @@ def exact(model, tokenizer, pairs: Sequence[tuple[str, str]], by_kind: bool = Fa
         ids, mask = pad_batch(prompts, pad, left=True)
         out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
                              max_new_tokens=new, do_sample=False, pad_token_id=pad)
-        for (prompt, target), row in zip(chunk, out[:, ids.shape[1] :].tolist()):
+        for i, ((_, target), row) in enumerate(zip(chunk, out[:, ids.shape[1] :].tolist()), start):
             hit = tokenizer.decode(row, skip_special_tokens=True).startswith(target)
-            for name in ["all"] + ([key_kind(prompt, target)] if by_kind else []):
+            for name in ["all"] + ([kinds[i]] if kinds is not None else []):
                 right.setdefault(name, []).append(hit)
     model.train(was_training)
     return {name: round(sum(hits) / len(hits), 3) for name, hits in right.items()} | {
@@ -241,11 +262,8 @@ def rank_drill(rng: random.Random, synth: SynthesizeConfig) -> tuple[str, str, s
 
 def rank_exact(model, tokenizer, val: Sequence[tuple[str, str, str]]) -> dict:
     """Greedy exact match on ranking drills, in all and per rank asked (a key of the list at random: about 1/4)."""
-    out = {"all": exact(model, tokenizer, [(p, t) for p, t, _ in val])["all"]}
-    for rank in RANKS:
-        asked = [(p, t) for p, t, r in val if r == rank]
-        out[rank] = exact(model, tokenizer, asked)["all"] if asked else None
-    return out
+    scores = exact(model, tokenizer, [(p, t) for p, t, _ in val], kinds=[r for _, _, r in val])
+    return {"all": scores["all"]} | {rank: scores.get(rank) for rank in RANKS}
 
 
 def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, log=None) -> dict:

@@ -13,11 +13,9 @@ Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 
 from __future__ import annotations
 
-from dvclive import Live
-
 from pipeline import paths
 from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
-from pipeline.drills import drill_until_read
+from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import build_student, count_parameters, default_device, load_model, save_model, train_tokenizer
@@ -48,11 +46,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
     }
     with atomic_dir(paths.model_dir("base")) as tmp, atomic_dir(paths.live_dir("base")) as live_dir:
         if not cfg.model:
-            with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
-
-                def log(name: str, step: int, value: float) -> None:
-                    live.step = step
-                    live.log_metric(name, value)
+            with curve_log(live_dir) as log:
 
                 def build(seed: int):
                     return build_student(cfg.model_copy(update={"seed": seed}), tokenizer).to(default_device())

@@ -23,11 +23,10 @@ import logging
 import shutil
 
 import torch
-from dvclive import Live
 
 from pipeline import paths
 from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig, load_section
-from pipeline.drills import train_rank_drill
+from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import default_device, load_tokenizer, save_model
@@ -94,12 +93,7 @@ def rank_drilled(model, tokenizer, cfg: PRMConfig, synth: SynthesizeConfig, live
     if not cfg.rank_drill.steps:
         return None
     model.to(default_device())  # the drill's own loop (the Trainer that follows places the model itself)
-    with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
-
-        def log(name: str, step: int, value: float) -> None:
-            live.step = step
-            live.log_metric(name, value)
-
+    with curve_log(live_dir) as log:
         metrics = train_rank_drill(model, tokenizer, cfg.rank_drill, synth, log)
     level = logging.INFO if metrics["exact"] >= cfg.rank_drill.expect else logging.WARNING
     # Below `expect` the PRM still guesses which key a ranked step names (README, "Where best-of-4 still loses").
