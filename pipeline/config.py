@@ -462,11 +462,11 @@ class DecodingConfig(Section):
     )
     prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
     questions: int = Field(500, ge=1, description="questions per split, the first N (all strategies on the same ones)")
-    n: int = Field(4, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
+    n: int = Field(8, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
     aggregation: Literal["min", "last", "mean"] = Field(
         "mean", description="best-of-N and beam search's final pick: a solution's score from its lines")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
-    mcts_iterations: int = Field(6, ge=1, description="PRM-MCTS: iterations per question")
+    mcts_iterations: int = Field(12, ge=1, description="PRM-MCTS: iterations per question")
     mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")
     ucb_c: float = Field(1.0, ge=0, description="PRM-MCTS: UCB exploration constant")
     max_steps: int = Field(8, ge=1, description="beam search and PRM-MCTS: lines per solution at most")
