@@ -27,7 +27,7 @@ space before it, so another token than in the question, unless `--format
 lead`) or a later word key.
 The validation keys come from the same seeded stream after the training
 drills, so a run repeats exactly (multi draws its drills differently, so it
-asks other keys of the same tables). The README's "Does the student read the
+asks other keys of the same tables). HISTORY.md's "Does the student read the
 table at all?" quotes it; stage base trains `--warmup-colour 2400` then the
 `--fresh` lookup as its drills. One thread, batch 16; needs data/synthesize
 (run `make run`).

@@ -14,13 +14,16 @@ each policy: greedy, then `--n` samples per question at each temperature
 - `lik/mean`: the PRM read as a generator: among the candidates that end in an
   `Answer:` line, the one whose lines' tokens have the highest mean
   log-softmax probability under the PRM's LM head (its verdicts read sigmoids
-  of the same logits; a mean, so that a shorter solution is not preferred).
-`--by-type` also counts, per task type (T 0.8, N 4, by the mean), greedy,
-best-of-4, pass@4 and how often best-of-4 picks right among the questions
+  of the same logits; a mean, so that a shorter solution is not preferred);
+- `rank/mean+lik`: the candidate ranked highest by its rank under the mean
+  line score plus its rank under that likelihood.
+`--by-type` also counts, per task type (T 0.8, N = `--n`, by the mean), greedy,
+best-of-N, pass@N and how often best-of-N picks right among the questions
 whose samples mix right and wrong answers: where the gain lies and where
 the PRM misses. Choose on `--split val`, report on test. Needs the models and models/prm
 (run `make run` first). Prints a line per temperature and N for each policy;
-`--out` also writes them as JSON.
+`--out` also writes them as JSON;
+`--dump` every candidate's grade and scores, to try other rules offline.
 """
 
 from __future__ import annotations
@@ -95,6 +98,14 @@ def agg(cand: dict, how: str) -> float:
     return aggregate(cand["scores"], how) if cand["scores"] else EMPTY_SCORE
 
 
+def rank_sum(cands: list[dict]) -> dict:
+    """The candidate whose rank by the mean line score plus its rank by likelihood is highest (ties: the mean)."""
+    order = range(len(cands))
+    by_mean = {i: r for r, i in enumerate(sorted(order, key=lambda i: agg(cands[i], "mean")))}
+    by_lik = {i: r for r, i in enumerate(sorted(order, key=lambda i: cands[i]["lik"]))}
+    return cands[max(order, key=lambda i: (by_mean[i] + by_lik[i], agg(cands[i], "mean")))]
+
+
 def weighted_vote(cands: list[dict], answer_type: str) -> dict:
     """The best-scored candidate of the answer with the largest summed min-score."""
     totals: dict[str, float] = defaultdict(float)
@@ -121,6 +132,7 @@ def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
             "g+bo/min": max(with_greedy, key=lambda c: agg(c, "min")),
             "vote/min": weighted_vote(cands, kind),
             "lik/mean": max(cands, key=lambda c: c["lik"]),
+            "rank/mean+lik": rank_sum(cands),
         }
         for name, c in picks.items():
             hits[name] += c["right"]
@@ -147,6 +159,13 @@ def by_type(questions: list[dict], key: float, n: int, how: str) -> dict[str, di
     return {kind: dict(cell) for kind, cell in sorted(out.items())}
 
 
+def dump(q: dict, temperatures: list[float]) -> dict:
+    """One question's candidates without their texts: enough to try another selection rule offline."""
+    keep = ("answer", "right", "scores", "lik")
+    return {"task_type": q["row"]["task_type"], "answer_type": q["row"]["answer_type"],
+            **{str(key): [{k: c[k] for k in keep} for c in q[key]] for key in ["greedy", *temperatures]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["sft"])
@@ -157,14 +176,16 @@ def main() -> None:
     parser.add_argument("--prm", type=Path, default=None, help="default: models/prm")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here as JSON")
     parser.add_argument("--by-type", action="store_true",
-                        help="also count, per task type at T 0.8 and N 4 by the mean, where best-of-N gains and misses")
+                        help="also count, per task type at T 0.8 and N = --n by the mean, where best-of-N gains and misses")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="write every candidate's answer, grade, line scores and likelihood here (JSON)")
     args = parser.parse_args()
     if args.n < 4:
         parser.error("--n must be at least 4: the table compares N = 4 with N = --n")
     temperatures = [float(t) for t in args.temperatures.split(",")]
     rows = read_rows(paths.split_file(args.split))[: args.questions]
     scorer = PRMScorer.load(args.prm or paths.model_dir("prm"))
-    table = {}
+    table, dumped = {}, {}
     for model in args.models:
         start = time.perf_counter()
         questions = candidates(paths.model_dir(model), scorer, rows, args.n, temperatures)
@@ -177,12 +198,16 @@ def main() -> None:
             if setting != "greedy":
                 print(f"  {setting:9s} " + "  ".join(f"{name} {value:.3f}" for name, value in acc.items()))
         if args.by_type and 0.8 in temperatures:
-            table[model]["by_type"] = by_type(questions, 0.8, 4, "mean")
-            print("  T0.8 N4 by task type (counts): " + "; ".join(
+            table[model]["by_type"] = by_type(questions, 0.8, args.n, "mean")
+            print(f"  T0.8 N{args.n} by task type (counts): " + "; ".join(
                 f"{kind} " + " ".join(f"{k} {v}" for k, v in cell.items())
                 for kind, cell in table[model]["by_type"].items()))
+        if args.dump:
+            dumped[model] = [dump(q, temperatures) for q in questions]
     if args.out:
         args.out.write_text(json.dumps({"split": args.split, "questions": len(rows), "models": table}, indent=1))
+    if args.dump:
+        args.dump.write_text(json.dumps({"split": args.split, "models": dumped}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """python bench/rank_probe.py [--init models/sft] [--steps 7200] [--lr 1e-3] [--threads 1] [--save DIR]
 
 Can the student's architecture learn the ranking step that best-of-N and the
-PRM miss most (README, "Where best-of-4 still loses")? Runs the `prm` stage's
+PRM miss most (HISTORY.md, "Where best-of-4 still loses")? Runs the `prm` stage's
 ranking drill (pipeline/drills.train_rank_drill: "The largest of them is" after
 a listed set, worded as the rationales word it, on new random tables) on a
 saved model (`--init`: the drilled `models/base`, or `models/sft`, the policy

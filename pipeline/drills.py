@@ -3,7 +3,7 @@
 Why: trained on rationales alone, the tiny student never binds a word key to the
 number after it. A `Step` that should say "Tigers 19" copies some number of the
 table, so its answers, its PRM labels and every search over its steps inherit
-that guess (README, "Does the student read the table at all?"). The same
+that guess (HISTORY.md, "Does the student read the table at all?"). The same
 architecture learns the binding within a few thousand steps when it first drills
 on the table line alone:
 
@@ -17,7 +17,7 @@ the key and its value (" Tigers 19."). The loss is on the target only.
 
 The ranking drill (`rank_drill`, `train_rank_drill`) teaches the step that
 ranks a listed set, worded as the rationales word it, to a model that already
-reads the table (the PRM's init: README, "Where best-of-4 still loses").
+reads the table (the PRM's init: HISTORY.md, "Where best-of-4 still loses").
 """
 
 from __future__ import annotations
@@ -209,8 +209,8 @@ def drill_until_read(build: Callable[[int], torch.nn.Module], seed: int, tokeniz
                      synth: SynthesizeConfig, log=None) -> tuple[torch.nn.Module, dict, list[dict]]:
     """Build (`build(seed)`) and drill a student until one reads `cfg.gate` of the held-out lookups.
 
-    Why: whether the numeric lookup clicks is a matter of the initial weights (README, "The
-    numeric lookup clicks"), so an init that misses it is replaced by the next seed,
+    Why: whether the numeric lookup clicks is a matter of the initial weights (HISTORY.md,
+    "The numeric lookup clicks"), so an init that misses it is replaced by the next seed,
     up to `cfg.restarts` times, every try on the same drill tables. Returns the first init that
     passes, else the one that read the most; the kept init's drill metrics; and every try's
     seed, numbers exact match and whether it was kept. Curves of a try after the first

@@ -29,7 +29,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "spaced
     ..., ":", " 1", "9". A value's first token then follows its key's colon
     directly, as a word's does, and the student learns to look numbers up in
     a table within a few thousand drill steps; with "split" (" ", "1", "9") it
-    did not in 20,000 (README, "Does the student read the table at all?").
+    did not in 20,000 (HISTORY.md, "Does the student read the table at all?").
     """
     if digits not in ("spaced", "split"):
         raise ValueError(f"digits: {digits!r} is neither 'spaced' nor 'split'")

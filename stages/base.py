@@ -56,7 +56,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
             start = snapshot(build(init_seed))  # seeded: the kept init's weights before the drills
             read = drills.get("numbers", {}).get("exact")
             if read is not None and read < cfg.drills.gate:
-                # SFT and everything after it inherit a misread table (README, "The numeric lookup clicks").
+                # SFT and everything after it inherit a misread table (HISTORY.md, "The numeric lookup clicks").
                 stage_logger().warning("numbers drill: %.3f of held-out lookups right after %d inits; none learned the "
                                        "lookup (another base.seed or vocab_size may)", read, len(attempts))
             metrics |= {"drills": drills, "init_seed": init_seed, "inits": attempts,

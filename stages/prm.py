@@ -5,7 +5,7 @@ models/sft) whose LM head is read as a verdict on each token of a line
 (pipeline/prm.py). First it drills the ranking step (`prm.rank_drill`,
 pipeline/drills.py: "The largest of them is" after a listed set, on new random
 tables), which the policy guesses and so a PRM started from it cannot check
-(README, "Where best-of-4 still loses"). Then it is trained on
+(HISTORY.md, "Where best-of-4 still loses"). Then it is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
@@ -96,7 +96,7 @@ def rank_drilled(model, tokenizer, cfg: PRMConfig, synth: SynthesizeConfig, live
     with curve_log(live_dir) as log:
         metrics = train_rank_drill(model, tokenizer, cfg.rank_drill, synth, log)
     level = logging.INFO if metrics["exact"] >= cfg.rank_drill.expect else logging.WARNING
-    # Below `expect` the PRM still guesses which key a ranked step names (README, "Where best-of-4 still loses").
+    # Below `expect` the PRM still guesses which key a ranked step names (HISTORY.md, "Where best-of-4 still loses").
     stage_logger().log(level, "ranking drill: held-out exact match %.3f -> %.3f after %d steps (expected >= %.2f)",
                        metrics["exact_before"], metrics["exact"], metrics["steps"], cfg.rank_drill.expect)
     return metrics
