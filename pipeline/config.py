@@ -103,7 +103,7 @@ class RankDrillConfig(Section):
 
     seed: int = Field(0, description="RNG seed of the random tables and the ranks asked")
     steps: int = Field(7200, ge=0, description="optimizer steps (0: no drill); the held-out read clicks after "
-                       "about 3,000 (README)")
+                       "about 3,000 (HISTORY.md)")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
     batch_size: int = Field(16, ge=1, description="drills per optimizer step")
     val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metric asks")
@@ -115,7 +115,7 @@ class BaseModelConfig(Section):
 
     seed: int = Field(0, description="RNG seed for weight init")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
-    vocab_size: int = Field(866, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens); 866 with seed 0 learns the numeric lookup (README)")
+    vocab_size: int = Field(866, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens); 866 with seed 0 learns the numeric lookup (HISTORY.md)")
     digits: Literal["spaced", "split"] = Field(
         "spaced", description="spaced: a space stays with the digit after it (' 19' -> ' 1', '9'); "
         "split: the space is a token of its own (' ', '1', '9')",

@@ -271,7 +271,7 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
 
     Validation asks one rank of each of `cfg.val_tables` tables drawn before any training
     table (so a run repeats exactly, whatever the step count). `log(name, step, value)`
-    receives the loss and the held-out exact match five times: the drill clicks (README).
+    receives the loss and the held-out exact match five times: the drill clicks (HISTORY.md, "Where best-of-4 still loses").
     Returns steps, last loss, seconds, exact match before and after, and after per rank.
     """
     log = log or (lambda name, step, value: None)
