@@ -1,4 +1,4 @@
-"""python bench/prm_selection.py [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8]
+"""python bench/prm_selection.py [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8] [--fresh-seed 2]
 
 How should the PRM pick among N samples, and from which samples? Side by side
 on the same questions, the same samples and the same PRM (models/prm), for
@@ -24,6 +24,9 @@ the PRM misses. Choose on `--split val`, report on test. Needs the models and mo
 (run `make run` first). Prints a line per temperature and N for each policy;
 `--out` also writes them as JSON;
 `--dump` every candidate's grade and scores, to try other rules offline.
+`--fresh-seed S` draws `--questions` new val or test questions (new tables, the
+split's question texts) instead of reading the split: a held-out set larger
+than the split's 300 or 500.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline import paths
+from pipeline.cof.generate import more_questions
+from pipeline.config import SynthesizeConfig, load_section
 from pipeline.evaluation import majority_vote, vote_key
 from pipeline.generation import LocalSampler, pad, pad_id
 from pipeline.grading import extract_answer
@@ -171,6 +176,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["sft"])
     parser.add_argument("--split", default="val")
     parser.add_argument("--questions", type=int, default=500)
+    parser.add_argument("--fresh-seed", type=int, default=None,
+                        help="instead of the split's file, --questions new ones of the split (val or test) "
+                             "drawn by the generator with this seed (not synthesize.seed)")
     parser.add_argument("--n", type=int, default=8, help="samples per question and temperature (at least 4)")
     parser.add_argument("--temperatures", default="0.5,0.8")
     parser.add_argument("--prm", type=Path, default=None, help="default: models/prm")
@@ -183,7 +191,13 @@ def main() -> None:
     if args.n < 4:
         parser.error("--n must be at least 4: the table compares N = 4 with N = --n")
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    rows = read_rows(paths.split_file(args.split))[: args.questions]
+    if args.fresh_seed is None:
+        rows = read_rows(paths.split_file(args.split))[: args.questions]
+    elif args.fresh_seed == load_section("synthesize", SynthesizeConfig).seed or args.split not in ("val", "test"):
+        parser.error("--fresh-seed needs --split val or test and a seed other than synthesize.seed")
+    else:
+        rows = more_questions(load_section("synthesize", SynthesizeConfig), args.questions, args.fresh_seed,
+                              args.split, prefix=f"fresh-{args.split}")
     scorer = PRMScorer.load(args.prm or paths.model_dir("prm"))
     table, dumped = {}, {}
     for model in args.models:

@@ -224,16 +224,24 @@ def generate_dataset(cfg: SynthesizeConfig) -> tuple[dict[str, list[dict]], dict
     return gen.rows, gen.stats()
 
 
-def more_train_questions(cfg: SynthesizeConfig, n: int, seed: int, prefix: str = "more") -> list[dict]:
-    """`n` new training-split questions on new tables: the generator again, with another seed.
+def more_questions(cfg: SynthesizeConfig, n: int, seed: int, split: str, prefix: str) -> list[dict]:
+    """`n` new questions of one in-domain split on new tables: the generator again, with another seed.
 
     Every split size is scaled by one whole factor, so the question-to-split hash
-    keeps its edges: a question text that `cfg` puts in val or test is never
+    keeps its edges: a question text that `cfg` puts in another split is never
     among these (and none is out-of-domain). Ids are `<prefix>-000000`..., apart
     from the dataset's own.
     """
-    factor = -(-n // cfg.n_train)  # ceil
+    if split not in IN_DOMAIN:
+        raise ValueError(f"more_questions: split must be one of {IN_DOMAIN}, got {split!r}")
+    size = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}[split]
+    factor = -(-n // size)  # ceil
     scaled = cfg.model_copy(update={"seed": seed, "n_train": cfg.n_train * factor, "n_val": cfg.n_val * factor,
                                     "n_test": cfg.n_test * factor, "n_ood": 0, "render_charts": 0})
-    rows = generate_dataset(scaled)[0]["train"][:n]
+    rows = generate_dataset(scaled)[0][split][:n]
     return [{**row, "id": f"{prefix}-{i:06d}"} for i, row in enumerate(rows)]
+
+
+def more_train_questions(cfg: SynthesizeConfig, n: int, seed: int, prefix: str = "more") -> list[dict]:
+    """`n` new training-split questions on new tables (`more_questions`): no text of val or test among them."""
+    return more_questions(cfg, n, seed, "train", prefix)

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.cof import generate
 from pipeline.cof.core import FUNCTIONS
-from pipeline.cof.generate import SPLITS, generate_dataset, more_train_questions, parse_held_out, task_type
+from pipeline.cof.generate import SPLITS, generate_dataset, more_questions, more_train_questions, parse_held_out, task_type
 from pipeline.cof.tables import random_table
 from pipeline.config import SynthesizeConfig
 from pipeline.grading import extract_answer, grade, step_accuracy
@@ -94,6 +94,19 @@ def test_more_train_questions_keep_the_question_split_and_new_tables(small):
     held_out = {r["question"] for split in ("val", "test") for r in rows[split] + scaled[split]}
     assert not held_out & {r["question"] for r in more}
     assert not {r["table"] for r in all_rows(rows)} & {r["table"] for r in more}
+
+
+def test_more_questions_of_a_held_out_split_keep_its_texts_and_draw_new_tables(small):
+    """A bigger val or test (bench/prm_selection.py --fresh-seed): only texts the hash puts in that split."""
+    rows, _ = small
+    fresh = more_questions(SMALL, 25, seed=4, split="test", prefix="fresh")  # 25 of 10: the sizes scaled by 3
+    assert len(fresh) == 25 and fresh[0]["id"] == "fresh-000000" and {r["split"] for r in fresh} == {"test"}
+    scaled, _ = generate_dataset(SMALL.model_copy(update={"n_train": 180, "n_val": 30, "n_test": 30, "n_ood": 0}))
+    elsewhere = {r["question"] for split in ("train", "val") for r in rows[split] + scaled[split]}
+    assert not elsewhere & {r["question"] for r in fresh}
+    assert not {r["table"] for r in all_rows(rows)} & {r["table"] for r in fresh}
+    with pytest.raises(ValueError, match="ood"):
+        more_questions(SMALL, 5, seed=4, split="ood", prefix="x")
 
 
 def test_a_table_is_used_once_even_when_drawn_again(monkeypatch):
