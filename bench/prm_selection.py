@@ -191,13 +191,13 @@ def main() -> None:
     if args.n < 4:
         parser.error("--n must be at least 4: the table compares N = 4 with N = --n")
     temperatures = [float(t) for t in args.temperatures.split(",")]
+    synth = load_section("synthesize", SynthesizeConfig)
     if args.fresh_seed is None:
         rows = read_rows(paths.split_file(args.split))[: args.questions]
-    elif args.fresh_seed == load_section("synthesize", SynthesizeConfig).seed or args.split not in ("val", "test"):
+    elif args.fresh_seed == synth.seed or args.split not in ("val", "test"):
         parser.error("--fresh-seed needs --split val or test and a seed other than synthesize.seed")
     else:
-        rows = more_questions(load_section("synthesize", SynthesizeConfig), args.questions, args.fresh_seed,
-                              args.split, prefix=f"fresh-{args.split}")
+        rows = more_questions(synth, args.questions, args.fresh_seed, args.split, prefix=f"fresh-{args.split}")
     scorer = PRMScorer.load(args.prm or paths.model_dir("prm"))
     table, dumped = {}, {}
     for model in args.models:
