@@ -105,10 +105,12 @@ def agg(cand: dict, how: str) -> float:
 
 def rank_sum(cands: list[dict]) -> dict:
     """The candidate whose rank by the mean line score plus its rank by likelihood is highest (ties: the mean)."""
-    order = range(len(cands))
-    by_mean = {i: r for r, i in enumerate(sorted(order, key=lambda i: agg(cands[i], "mean")))}
-    by_lik = {i: r for r, i in enumerate(sorted(order, key=lambda i: cands[i]["lik"]))}
-    return cands[max(order, key=lambda i: (by_mean[i] + by_lik[i], agg(cands[i], "mean")))]
+    means, liks = [agg(c, "mean") for c in cands], [c["lik"] for c in cands]
+    rank = [0] * len(cands)
+    for scores in (means, liks):
+        for r, i in enumerate(sorted(range(len(cands)), key=scores.__getitem__)):
+            rank[i] += r
+    return cands[max(range(len(cands)), key=lambda i: (rank[i], means[i]))]
 
 
 def weighted_vote(cands: list[dict], answer_type: str) -> dict:
