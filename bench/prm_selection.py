@@ -24,6 +24,9 @@ the PRM misses. Choose on `--split val`, report on test. Needs the models and mo
 (run `make run` first). Prints a line per temperature and N for each policy;
 `--out` also writes them as JSON;
 `--dump` every candidate's grade and scores, to try other rules offline.
+`--samples DIR` keeps each policy's completions in DIR/<model>.json and reads
+them back on the next run of the same questions, n and temperatures: another
+PRM (`--prm`) is then compared on the same samples without drawing them again.
 `--fresh-seed S` draws `--questions` new val or test questions (new tables, the
 split's question texts) instead of reading the split: a held-out set larger
 than the split's 300 or 500.
@@ -72,17 +75,43 @@ def log_likelihoods(scorer: PRMScorer, prompt: str, lines: list[list[str]]) -> l
     return out
 
 
-def candidates(policy_dir: Path, scorer: PRMScorer, rows: list[dict], n: int, temperatures: list[float]) -> list[dict]:
-    """Per question: greedy and n samples per temperature, each with its PRM line scores, likelihood and grade."""
+def draw(policy_dir: Path, rows: list[dict], n: int, temperatures: list[float]) -> dict:
+    """The policy's completions: {"greedy": [[text]], t: [[n texts]]} per question, in `rows` order."""
     policy, tokenizer = load_model(policy_dir)
     sampler = LocalSampler(policy, tokenizer, 64)
     prompts = [r["prompt"] for r in rows]
     drawn = {"greedy": sampler.sample(prompts, n=1, temperature=0.0, top_p=1.0, max_new_tokens=192, seed=0)}
     for t in temperatures:
         drawn[t] = sampler.sample(prompts, n=n, temperature=t, top_p=1.0, max_new_tokens=192, seed=0)
+    return {key: [[g.text for g in gens] for gens in groups] for key, groups in drawn.items()}
+
+
+def cached_draw(policy_dir: Path, rows: list[dict], n: int, temperatures: list[float], file: Path | None) -> dict:
+    """`draw`, read from `file` when an earlier run with the same questions, n and temperatures wrote it there.
+
+    Sampling is most of a run's time; with the samples kept, two PRMs (`--prm`) are compared on the same
+    completions in the time it takes to score them.
+    """
+    key = {"ids": [r["id"] for r in rows], "n": n, "temperatures": temperatures}
+    if file is not None and file.exists():
+        saved = json.loads(file.read_text())
+        if saved["key"] != key:
+            raise SystemExit(f"{file}: samples of other questions, n or temperatures; remove it or pass another "
+                             "--samples folder")
+        return {"greedy": saved["greedy"], **{t: saved[str(t)] for t in temperatures}}
+    texts = draw(policy_dir, rows, n, temperatures)
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps({"key": key, **{str(k): v for k, v in texts.items()}}))
+    return texts
+
+
+def candidates(texts_by_key: dict, scorer: PRMScorer, rows: list[dict]) -> list[dict]:
+    """Per question: greedy and the samples per temperature (`draw`), each with its PRM line scores, likelihood
+    and grade."""
     out = []
     for i, row in enumerate(rows):
-        texts = {key: [g.text for g in gens[i]] for key, gens in drawn.items()}
+        texts = {key: groups[i] for key, groups in texts_by_key.items()}
         flat = [text for group in texts.values() for text in group]
         lines = [scored_lines(text) for text in flat]
         scores = scorer.score([row["prompt"]] * len(flat), lines)
@@ -187,6 +216,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the table here as JSON")
     parser.add_argument("--by-type", action="store_true",
                         help="also count, per task type at T 0.8 and N = --n by the mean, where best-of-N gains and misses")
+    parser.add_argument("--samples", type=Path, default=None,
+                        help="a folder: each policy's completions are read from <model>.json there when an earlier "
+                             "run of the same questions wrote them, else drawn and written")
     parser.add_argument("--dump", type=Path, default=None,
                         help="write every candidate's answer, grade, line scores and likelihood here (JSON)")
     args = parser.parse_args()
@@ -204,7 +236,9 @@ def main() -> None:
     table, dumped = {}, {}
     for model in args.models:
         start = time.perf_counter()
-        questions = candidates(paths.model_dir(model), scorer, rows, args.n, temperatures)
+        file = args.samples / f"{model}.json" if args.samples else None
+        texts = cached_draw(paths.model_dir(model), rows, args.n, temperatures, file)
+        questions = candidates(texts, scorer, rows)
         greedy = round(sum(q["greedy"][0]["right"] for q in questions) / len(questions), 3)
         table[model] = {"greedy": greedy, **{f"T{t} N{n}": rules(questions, t, n)
                                              for t in temperatures for n in sorted({4, args.n})}}

@@ -434,6 +434,8 @@ class PRMConfig(Section):
     )
     chain_weight: float = Field(1.0, ge=0, description="weight of next-token cross-entropy on the gold chains of "
                                 "data/prm_data/chains.parquet (0: no chains)")
+    pair_weight: float = Field(0.0, ge=0, description="weight of the within-question ranking loss: a right path's "
+                               "mean line score above a wrong one's of the same question (0: off)")
     extra_layers: int = Field(0, ge=0, description="decoder layers added on top of the policy's, each starting as "
                               "the identity")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak learning rate")

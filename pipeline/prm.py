@@ -145,7 +145,11 @@ def shared_prefix(sequences: Sequence[Sequence[int]]) -> int:
 
 
 def collate(features: Sequence[dict], pad_value: int) -> dict[str, torch.Tensor]:
-    """Right-padded ids and mask, and each scored line's token span with its label and kind (-1 pads)."""
+    """Right-padded ids and mask, and each scored line's token span with its label and kind (-1 pads).
+
+    With `question` and `outcome` in every feature (`prm_train` for `prm.pair_weight`), also each path's
+    question index and whether its answer is right (1), wrong (0) or neither (-1): what `pair_loss` pairs.
+    """
     ids, mask = pad([f["input_ids"] for f in features], pad_value)
     slots = max(len(f["spans"]) for f in features)
     starts = torch.full((len(features), slots), -1, dtype=torch.long)
@@ -158,8 +162,20 @@ def collate(features: Sequence[dict], pad_value: int) -> dict[str, torch.Tensor]
             starts[i, :s], ends[i, :s] = torch.tensor(f["spans"]).T
         if "line_labels" in f:
             labels[i, :s], kinds[i, :s] = torch.tensor(f["line_labels"], dtype=torch.float), f["kind"]
-    return {"input_ids": ids, "attention_mask": mask, "score_starts": starts, "score_ends": ends,
-            "score_labels": labels, "score_kinds": kinds}
+    batch = {"input_ids": ids, "attention_mask": mask, "score_starts": starts, "score_ends": ends,
+             "score_labels": labels, "score_kinds": kinds}
+    if features and all("outcome" in f for f in features):
+        batch["score_questions"] = torch.tensor([f["question"] for f in features], dtype=torch.long)
+        batch["score_outcomes"] = torch.tensor([f["outcome"] for f in features], dtype=torch.float)
+    return batch
+
+
+def path_outcome(lines: Sequence[str], labels: Sequence[float], source: str) -> float:
+    """1 if a labelled path ends in a right `Answer:` line, 0 if in a wrong one, -1 if it has none or its labels
+    are MCTS values (not pairs for `pair_loss`)."""
+    if source == "mcts" or not lines or not is_terminal(lines[-1]):
+        return -1.0
+    return float(labels[-1] >= 0.5)
 
 
 def token_verdicts(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -184,16 +200,38 @@ def line_log_probs(verdicts: torch.Tensor, starts: torch.Tensor, ends: torch.Ten
 
 
 def prm_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-             labels: torch.Tensor, kinds: torch.Tensor, chain_weight: float = 0.0) -> torch.Tensor:
+             labels: torch.Tensor, kinds: torch.Tensor, chain_weight: float = 0.0, questions: torch.Tensor | None = None,
+             outcomes: torch.Tensor | None = None, pair_weight: float = 0.0) -> torch.Tensor:
     """Mean over scored lines: BCE on 0/1 gold labels, MSE between P(line right) and log_boost on MCTS labels;
-    plus `chain_weight` x next-token cross-entropy on the lines of the batch's gold chains (kind `chain`)."""
+    plus `chain_weight` x next-token cross-entropy on the lines of the batch's gold chains (kind `chain`);
+    plus `pair_weight` x `pair_loss` over the batch's paths (`questions`, `outcomes` from `collate`)."""
     log_p, valid = line_log_probs(token_verdicts(logits, input_ids), starts, ends)
     chain = kinds == LABEL_KINDS["chain"]
     loss = line_loss(log_p, valid & ~chain, labels, kinds)
     rows = chain[:, 0] & valid[:, 0]
     if chain_weight and rows.any():
         loss = loss + chain_weight * chain_loss(logits[rows], input_ids[rows], starts[rows], ends[rows])
+    if pair_weight and questions is not None:
+        loss = loss + pair_weight * pair_loss(log_p, valid, questions, outcomes)
     return loss
+
+
+def pair_loss(log_p: torch.Tensor, valid: torch.Tensor, questions: torch.Tensor, outcomes: torch.Tensor) -> torch.Tensor:
+    """Within-question ranking, what best-of-N asks of the PRM: the mean over (right, wrong) pairs of paths of one
+    question of -log sigmoid(logit m_right - logit m_wrong), m a path's mean line probability (evaluate's `mean`).
+
+    log_p, valid [B, S] (`line_log_probs`); questions [B] (an index per question); outcomes [B]: 1 right answer,
+    0 wrong, -1 neither (never paired). Line BCE asks each line to be right or wrong in itself, so a hard
+    question's right path may sit below an easy question's wrong one at no cost; this term prices only the order
+    within a question (Bradley-Terry on paths, as outcome reward models are trained on preference pairs).
+    0 when the batch holds no such pair.
+    """
+    mean = (log_p.exp() * valid).sum(1) / valid.sum(1).clamp(min=1)
+    z = torch.logit(mean, eps=1e-6)
+    pairs = (questions[:, None] == questions[None, :]) & (outcomes[:, None] == 1) & (outcomes[None, :] == 0)
+    if not pairs.any():
+        return log_p.sum() * 0.0  # keeps the graph (and the loss's device and dtype)
+    return F.softplus(z[None, :] - z[:, None])[pairs].mean()
 
 
 def chain_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:

@@ -214,20 +214,46 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
     }
 
 
+class QuestionGroupedSampler(torch.utils.data.Sampler):
+    """Each question's paths one after another, the questions in a new random order every epoch: a batch then
+    holds whole questions (but at its two edges), so the PRM's pair loss finds their (right, wrong) pairs."""
+
+    def __init__(self, questions: Sequence[int], seed: int) -> None:
+        groups: dict[int, list[int]] = {}
+        for i, q in enumerate(questions):
+            groups.setdefault(q, []).append(i)
+        self.groups = list(groups.values())
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    def __iter__(self):
+        for g in torch.randperm(len(self.groups), generator=self.generator).tolist():
+            yield from self.groups[g]
+
+
 class PRMTrainer(Trainer):
     """transformers' Trainer with the PRM loss on the scored lines' token spans (pipeline.prm.prm_loss)."""
 
-    def __init__(self, *args, chain_weight: float = 0.0, **kwargs) -> None:
+    def __init__(self, *args, chain_weight: float = 0.0, pair_weight: float = 0.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.chain_weight = chain_weight
+        self.chain_weight, self.pair_weight = chain_weight, pair_weight
+
+    def _get_train_sampler(self, train_dataset=None):
+        if self.pair_weight:  # pairs need a question's paths in one batch; a random order scatters them
+            return QuestionGroupedSampler(self.train_dataset["question"], self.args.seed)
+        return super()._get_train_sampler(train_dataset)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         from pipeline.prm import prm_loss
 
         starts, ends, labels, kinds = (inputs.pop(k) for k in ("score_starts", "score_ends", "score_labels",
                                                                "score_kinds"))
+        questions, outcomes = inputs.pop("score_questions", None), inputs.pop("score_outcomes", None)
         outputs = model(**inputs)
-        loss = prm_loss(outputs.logits, inputs["input_ids"], starts, ends, labels, kinds, self.chain_weight)
+        loss = prm_loss(outputs.logits, inputs["input_ids"], starts, ends, labels, kinds, self.chain_weight,
+                        questions, outcomes, self.pair_weight)
         return (loss, outputs) if return_outputs else loss
 
 
@@ -239,11 +265,11 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     from transformers import TrainingArguments
 
     from pipeline.generation import pad_id
-    from pipeline.prm import LABEL_KINDS, collate, encode_many
+    from pipeline.prm import LABEL_KINDS, collate, encode_many, path_outcome
 
     if not cfg.chain_weight:  # a chain row has no verdict loss: with no cross-entropy it would train nothing
         rows = [r for r in rows if r["source"] != "chain"]
-    features, too_long = [], 0
+    features, too_long, question_index = [], 0, {}
     encoded = encode_many(tokenizer, [r["prompt"] for r in rows], [r["steps"] for r in rows])
     for r, (ids, spans) in zip(rows, encoded):
         if len(ids) > cfg.max_length:
@@ -251,6 +277,9 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
             continue
         features.append({"input_ids": ids, "spans": spans, "line_labels": list(r["labels"]),
                          "kind": LABEL_KINDS[r["source"]]})
+        if cfg.pair_weight:  # a question's sampled paths and its gold chain share its id
+            features[-1]["question"] = question_index.setdefault(r["id"], len(question_index))
+            features[-1]["outcome"] = path_outcome(r["steps"], r["labels"], r["source"])
     args = TrainingArguments(
         output_dir=str(work_dir),
         seed=cfg.seed,
@@ -270,7 +299,8 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     before = snapshot(model)
     trainer = PRMTrainer(model=model, args=args, train_dataset=Dataset.from_list(features),
                          data_collator=lambda batch: collate(batch, pad_id(tokenizer)),
-                         callbacks=[dvclive_callback(live_dir)], chain_weight=cfg.chain_weight)
+                         callbacks=[dvclive_callback(live_dir)], chain_weight=cfg.chain_weight,
+                         pair_weight=cfg.pair_weight)
     start = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - start

@@ -14,7 +14,7 @@ from pipeline.models import train_tokenizer
 from pipeline.prm import (
     EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
     expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_from_policy,
-    prm_loss, scored_lines,
+    pair_loss, path_outcome, prm_loss, scored_lines,
 )
 
 ROW = {
@@ -145,6 +145,89 @@ def test_the_trainer_passes_the_chain_weight_to_the_loss(tmp_path, tokenizer, pr
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     losses = [PRMTrainer(model=prm, args=args, chain_weight=w).compute_loss(prm, dict(batch)).item() for w in (0, 2)]
     assert losses[0] == 0.0 and losses[1] > 0  # a chain row trains only through the cross-entropy
+
+
+def test_pair_loss_orders_right_above_wrong_within_a_question_only():
+    # four paths of one line each; line probabilities 0.8, 0.5 (question 0), 0.2, 0.9 (question 1)
+    probs = torch.tensor([[0.8], [0.5], [0.2], [0.9]])
+    log_p, valid = probs.log(), torch.ones(4, 1, dtype=torch.bool)
+    questions, outcomes = torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, 0.0, 1.0, 0.0])
+
+    def logit(p: float) -> float:
+        return math.log(p / (1 - p))
+
+    def softplus(x: float) -> float:
+        return math.log1p(math.exp(x))
+
+    # pairs (0 right, 1 wrong) and (2 right, 3 wrong); never (0, 3): they answer other questions
+    by_hand = (softplus(logit(0.5) - logit(0.8)) + softplus(logit(0.9) - logit(0.2))) / 2
+    assert pair_loss(log_p, valid, questions, outcomes).item() == pytest.approx(by_hand, rel=1e-5)
+    # a path's score is the mean of its valid lines' probabilities; -1 (no answer line, MCTS) is never paired
+    two = torch.tensor([[0.9, 0.5], [0.6, 0.0]]).clamp(min=1e-9).log()
+    mask = torch.tensor([[True, True], [True, False]])
+    assert pair_loss(two, mask, torch.tensor([0, 0]), torch.tensor([1.0, 0.0])).item() == pytest.approx(
+        softplus(logit(0.6) - logit(0.7)), rel=1e-5)
+    none = pair_loss(log_p, valid, questions, torch.tensor([1.0, -1.0, 1.0, 1.0]))
+    assert none.item() == 0.0
+
+
+def test_prm_loss_adds_the_weighted_pair_term():
+    logits, ids = torch.zeros(2, 3, 3), torch.tensor([[0, 1, 2], [0, 2, 1]])  # every line P = 0.5: pair term ln 2
+    starts, ends = torch.tensor([[1], [1]]), torch.tensor([[3], [3]])
+    labels, kinds = torch.tensor([[1.0], [0.0]]), torch.zeros(2, 1, dtype=torch.long)
+    plain = prm_loss(logits, ids, starts, ends, labels, kinds).item()
+    paired = prm_loss(logits, ids, starts, ends, labels, kinds, 0.0, torch.tensor([5, 5]), torch.tensor([1.0, 0.0]),
+                      pair_weight=0.5).item()
+    assert paired == pytest.approx(plain + 0.5 * math.log(2), rel=1e-5)
+
+
+def test_path_outcome_reads_the_answer_line_label():
+    assert path_outcome(["Step 1: a.", "Answer: 3"], [0.0, 1.0], "gold") == 1.0
+    assert path_outcome(["Step 1: a.", "Answer: 4"], [1.0, 0.0], "chain") == 0.0
+    assert path_outcome(["Step 1: a."], [1.0], "gold") == -1.0  # cut short: no answer to compare
+    assert path_outcome(["Step 1: a.", "Answer: 3"], [0.4, 0.9], "mcts") == -1.0
+
+
+def test_collate_carries_questions_and_outcomes_only_when_every_feature_has_them():
+    f = {"input_ids": [5, 6], "spans": [(1, 2)], "line_labels": [1.0], "kind": 0}
+    assert "score_questions" not in collate([f, f], 0)
+    batch = collate([{**f, "question": 3, "outcome": 1.0}, {**f, "question": 3, "outcome": 0.0}], 0)
+    assert batch["score_questions"].tolist() == [3, 3] and batch["score_outcomes"].tolist() == [1.0, 0.0]
+
+
+def test_question_grouped_sampler_keeps_a_question_together_and_reshuffles_each_epoch():
+    from pipeline.training import QuestionGroupedSampler
+
+    questions = [0, 1, 0, 2, 1, 0, 3, 3, 4, 5]
+    sampler = QuestionGroupedSampler(questions, seed=0)
+    orders = [list(sampler) for _ in range(4)]
+    for order in orders:
+        assert sorted(order) == list(range(len(questions))) and len(sampler) == len(questions)
+        seen = [questions[i] for i in order]
+        runs = [q for k, q in enumerate(seen) if k == 0 or seen[k - 1] != q]
+        assert len(runs) == len(set(questions))  # each question's paths in one run
+    assert len({tuple(o) for o in orders}) > 1
+    assert [list(QuestionGroupedSampler(questions, seed=0)) for _ in range(1)][0] == orders[0]  # seeded
+
+
+def test_the_trainer_adds_the_pair_loss_and_groups_a_question_s_paths(tmp_path, tokenizer, prm):
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from pipeline.prm import encode_many
+    from pipeline.training import PRMTrainer, QuestionGroupedSampler
+
+    wrong = RIGHT.replace("Answer: 9", "Answer: 8")
+    encoded = encode_many(tokenizer, ["Q\n", "Q\n"], [RIGHT.splitlines(), wrong.splitlines()])
+    features = [{"input_ids": ids, "spans": spans, "line_labels": [1.0] * (len(spans) - 1) + [y], "kind": 0,
+                 "question": 0, "outcome": y} for (ids, spans), y in zip(encoded, (1.0, 0.0))]
+    batch = collate(features, 0)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    plain, paired = (PRMTrainer(model=prm, args=args, pair_weight=w).compute_loss(prm, dict(batch)).item()
+                     for w in (0.0, 1.0))
+    assert paired > plain  # the pair term is positive (softplus), and read only with a weight
+    grouped = PRMTrainer(model=prm, args=args, pair_weight=1.0, train_dataset=Dataset.from_list(features))
+    assert isinstance(grouped._get_train_sampler(), QuestionGroupedSampler)
 
 
 def test_a_wrong_line_still_learns_when_its_tokens_are_sure():
