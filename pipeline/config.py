@@ -115,10 +115,12 @@ class BaseModelConfig(Section):
 
     seed: int = Field(0, description="RNG seed for weight init")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
-    vocab_size: int = Field(866, ge=64, description="BPE vocabulary size of the trained tokenizer (digits stay single tokens); 866 with seed 0 learns the numeric lookup (HISTORY.md)")
-    digits: Literal["spaced", "split"] = Field(
-        "spaced", description="spaced: a space stays with the digit after it (' 19' -> ' 1', '9'); "
-        "split: the space is a token of its own (' ', '1', '9')",
+    vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size asked of the trained tokenizer (the default "
+                            "corpus with pairs has merges for 952)")
+    digits: Literal["pairs", "spaced", "split"] = Field(
+        "pairs", description="pairs: numbers cut into pieces of at most two digits with the space before them "
+        "(' 19' one token; README, 'Reading the table'); spaced: one digit a piece (' 19' -> ' 1', '9'); "
+        "split: the space a token of its own (' ', '1', '9')",
     )
     hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
     intermediate_size: int = Field(384, ge=16, description="Qwen2 MLP size")

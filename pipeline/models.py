@@ -1,9 +1,9 @@
 """Build the tiny default student or load any Hugging Face model; save with its config.
 
 The default runs offline: a byte-level BPE tokenizer trained with `tokenizers`
-on the synthetic corpus (digits stay single tokens, so numbers are spelled
-digit by digit; a space before a number stays with its first digit) and a
-small Qwen2 causal LM built from a config.
+on the synthetic corpus (numbers cut into pieces of at most two digits, each
+with the space before it, so a chart's value is one token) and a small Qwen2
+causal LM built from a config.
 """
 
 from __future__ import annotations
@@ -22,18 +22,21 @@ EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "spaced") -> PreTrainedTokenizerFast:
-    """Byte-level BPE on the corpus; digits are split one per token before merging.
+def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "pairs") -> PreTrainedTokenizerFast:
+    """Byte-level BPE on the corpus; digit runs are cut before merging, so no token spans two numbers.
 
-    digits="spaced" keeps a space with the digit after it: "Tigers: 19" is
-    ..., ":", " 1", "9". A value's first token then follows its key's colon
-    directly, as a word's does, and the student learns to look numbers up in
-    a table within a few thousand drill steps; with "split" (" ", "1", "9") it
-    did not in 20,000 (HISTORY.md, "Does the student read the table at all?").
+    digits="pairs" cuts a number into pieces of at most two digits, each with the space before it:
+    "Tigers: 19" is ..., ":", " 19" (merged into one token where the corpus has it often enough; "2019"
+    is " 20", "19"; "12.5" is " 12", ".", "5"). A chart value of 1 to 99 is then one token, like a colour
+    word, and the drilled student reads it out of the table on every init and machine tried; with
+    "spaced" (" 1", "9") the second digit is a second lookup that clicked for one init in seven, and on
+    one machine only (README, "Reading the table"); with "split" (" ", "1", "9") it did not click in
+    20,000 steps (HISTORY.md, "Does the student read the table at all?").
     """
-    if digits not in ("spaced", "split"):
-        raise ValueError(f"digits: {digits!r} is neither 'spaced' nor 'split'")
-    split = (pre_tokenizers.Split(Regex(r" ?[0-9]"), behavior="isolated") if digits == "spaced"
+    rules = {"pairs": r" ?[0-9]{1,2}", "spaced": r" ?[0-9]"}
+    if digits not in (*rules, "split"):
+        raise ValueError(f"digits: {digits!r} is none of {sorted([*rules, 'split'])}")
+    split = (pre_tokenizers.Split(Regex(rules[digits]), behavior="isolated") if digits in rules
              else pre_tokenizers.Digits(individual_digits=True))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -84,7 +87,7 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     for a Qwen2 config; likewise for Llama- or GPT2-typed Hub models), which replaces
     the saved pre-tokenizer with that class's defaults (huggingface/transformers#45920):
     a tokenizer trained with other pre-tokenization rules then silently encodes
-    differently from training. The default tokenizer is one: its spaced digits (" 1", "5")
+    differently from training. The default tokenizer is one: its numbers (" 15", one token)
     come back split (" ", "1", "5"). tokenizer.json is the definition that was trained.
     Without one (slow tokenizer files only) AutoTokenizer converts what there is.
     """
