@@ -7,7 +7,7 @@ ranking step (pipeline/drills.py: "The largest of them is" after a listed set,
 on new random tables), which a policy of the spaced-digit tokenizer guessed
 and so a PRM started from it could not check (HISTORY.md, "Where best-of-4
 still loses"); with digit pairs, the default, the drill does not click and the
-PRM picks better without it (README, "This version"), so it is off. Then it is trained on
+PRM picks no better with it (README, "This version"), so it is off. Then it is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
