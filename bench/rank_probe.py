@@ -1,14 +1,16 @@
-"""python bench/rank_probe.py [--init models/sft] [--steps 7200] [--lr 1e-3] [--threads 1] [--save DIR]
+"""python bench/rank_probe.py [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--lr 1e-3] [--threads 1] [--save DIR]
 
 Can the student's architecture learn the ranking step that best-of-N and the
 PRM miss most (HISTORY.md, "Where best-of-4 still loses")? Runs the `prm` stage's
 ranking drill (pipeline/drills.train_rank_drill: "The largest of them is" after
 a listed set, worded as the rationales word it, on new random tables) on a
 saved model (`--init`: the drilled `models/base`, or `models/sft`, the policy
-the PRM starts from) with the step count and learning rate given, outside the
-DAG. Prints the loss and the greedy exact match on the held-out tables five
-times during training (a key of the list at random gets about 1/4), then the
-drill's metrics, per rank asked. `--save DIR` keeps the drilled model.
+the PRM starts from) with the curriculum, step count and learning rate given,
+outside the DAG. `--curriculum 1200,1200`: 1,200 steps asking the largest
+alone, 1,200 asking largest and smallest, then `--steps` on every rank.
+Prints the loss and the greedy exact match on the held-out tables five times
+a phase (a key of the list at random gets about 1/4), then the drill's
+metrics, per rank asked and per phase. `--save DIR` keeps the drilled model.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pipeline.models import load_model, save_model
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--init", type=Path, default=Path("models/sft"))
+    parser.add_argument("--curriculum", default="", help="comma-separated steps of each phase (phase i: the first "
+                        "i + 1 ranks) before --steps on every rank")
     parser.add_argument("--steps", type=int, default=7200)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -37,8 +41,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     synth = load_section("synthesize", SynthesizeConfig)
-    cfg = RankDrillConfig(seed=args.seed, steps=args.steps, learning_rate=args.lr, batch_size=args.batch_size,
-                          val_tables=args.val)
+    cfg = RankDrillConfig(seed=args.seed, steps=args.steps, curriculum=[int(n) for n in args.curriculum.split(",") if n],
+                          learning_rate=args.lr, batch_size=args.batch_size, val_tables=args.val)
     model, tokenizer = load_model(args.init)
 
     def log(name: str, step: int, value: float) -> None:

@@ -238,8 +238,9 @@ RANKS = {"largest": ("max_one_object", -1), "smallest": ("min_one_object", 0),
          "second largest": ("second_max", -2), "second smallest": ("second_min", 1)}
 
 
-def rank_drill(rng: random.Random, synth: SynthesizeConfig) -> tuple[str, str, str]:
-    """(prompt, target, rank asked) of one ranking drill on a new random table without ties.
+def rank_drill(rng: random.Random, synth: SynthesizeConfig, ranks: Sequence[str] = tuple(RANKS)
+               ) -> tuple[str, str, str]:
+    """(prompt, target, rank asked) of one ranking drill on a new random table without ties; the rank among `ranks`.
 
     "<chart header>\\n<table line>\\nStep 1: Select all bars: Lions 15, Bears 16, Eagles 3.\\n
     Step 2: The largest of them is" -> " Bears 16."; the steps are worded by the
@@ -251,7 +252,7 @@ def rank_drill(rng: random.Random, synth: SynthesizeConfig) -> tuple[str, str, s
         if len({v for _, v in pairs}) == len(pairs) and len(pairs) >= 3:
             break
     head, line = format_prompt(table, "x").split("\n")[:2]
-    rank = rng.choice(list(RANKS))
+    rank = rng.choice(list(ranks))
     function, index = RANKS[rank]
     key, value = sorted(pairs, key=lambda p: p[1])[index]
     nouns = MARK_NOUNS[table["chart_type"]][1]
@@ -267,30 +268,42 @@ def rank_exact(model, tokenizer, val: Sequence[tuple[str, str, str]]) -> dict:
 
 
 def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, log=None) -> dict:
-    """`cfg.steps` of the ranking drill on new seeded random tables; its metrics.
+    """The ranking drill on new seeded random tables: `cfg.curriculum` phases, then `cfg.steps` on every rank; its metrics.
 
-    Validation asks one rank of each of `cfg.val_tables` tables drawn before any training
-    table (so a run repeats exactly, whatever the step count). `log(name, step, value)`
-    receives the loss and the held-out exact match five times: the drill clicks (HISTORY.md, "Where best-of-4 still loses").
-    Returns steps, last loss, seconds, exact match before and after, and after per rank.
+    Phase i of the curriculum asks only the first i + 1 ranks of RANKS (largest alone, then
+    largest and smallest, ...), each phase its own warm-up and cosine decay: asked every rank
+    from the start, the student with digit pairs stays at chance after 7,200 steps, while
+    "largest" alone clicks within 2,000 and each next rank then builds on it (README,
+    "Teaching the PRM to rank"). Validation asks one rank of each of `cfg.val_tables` tables
+    drawn before any training table (so a run repeats exactly, whatever the step count).
+    `log(name, step, value)` receives the loss and the held-out exact match five times a phase.
+    Returns steps (all phases), last loss, seconds, exact match before and after, after per
+    rank, and the held-out read at the end of each phase.
     """
     log = log or (lambda name, step, value: None)
     rng = random.Random(cfg.seed)
     val = [rank_drill(rng, synth) for _ in range(cfg.val_tables)]
     before, start, losses = rank_exact(model, tokenizer, val), time.time(), []
-    read = {0: before}
+    phases = [(tuple(RANKS)[: i + 1], n) for i, n in enumerate(cfg.curriculum)] + [(tuple(RANKS), cfg.steps)]
+    read, done, by_phase = {0: before}, 0, []
+    for ranks, steps in phases:
+        if not steps:
+            continue
 
-    def batch() -> list[Pair]:
-        return [encode(tokenizer, *rank_drill(rng, synth)[:2]) for _ in range(cfg.batch_size)]
+        def batch(ranks=ranks) -> list[Pair]:
+            return [encode(tokenizer, *rank_drill(rng, synth, ranks)[:2]) for _ in range(cfg.batch_size)]
 
-    def report(step: int, loss: float) -> None:
-        losses.append(loss)
-        read[step] = rank_exact(model, tokenizer, val)
-        log("rank/loss", step, loss)
-        log("rank/val_exact", step, read[step]["all"])
+        def report(step: int, loss: float, offset=done) -> None:
+            losses.append(loss)
+            read[offset + step] = rank_exact(model, tokenizer, val)
+            log("rank/loss", offset + step, loss)
+            log("rank/val_exact", offset + step, read[offset + step]["all"])
 
-    fit(model, pad_id(tokenizer), cfg.steps, batch, cfg.learning_rate, report, desc="ranking drill")
-    after = dict(read.get(cfg.steps) or rank_exact(model, tokenizer, val))
-    return {"steps": cfg.steps, "loss": round(losses[-1], 4) if losses else None,
+        fit(model, pad_id(tokenizer), steps, batch, cfg.learning_rate, report,
+            desc=f"ranking drill ({', '.join(ranks) if len(ranks) < len(RANKS) else 'every rank'})")
+        done += steps
+        by_phase.append({"ranks": list(ranks), "steps": steps, "exact": (read.get(done) or {}).get("all")})
+    after = dict(read.get(done) or rank_exact(model, tokenizer, val))
+    return {"steps": done, "loss": round(losses[-1], 4) if losses else None,
             "seconds": round(time.time() - start, 1), "exact_before": before["all"], "exact": after.pop("all"),
-            "exact_by_rank": after}
+            "exact_by_rank": after, "phases": by_phase}

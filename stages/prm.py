@@ -92,7 +92,7 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
 
 def rank_drilled(model, tokenizer, cfg: PRMConfig, synth: SynthesizeConfig, live_dir) -> dict | None:
     """Drill the PRM's init on the ranking step in place (curves in `live_dir`); the drill's metrics, None if off."""
-    if not cfg.rank_drill.steps:
+    if not cfg.rank_drill.steps and not any(cfg.rank_drill.curriculum):
         return None
     model.to(default_device())  # the drill's own loop (the Trainer that follows places the model itself)
     with curve_log(live_dir) as log:

@@ -38,7 +38,7 @@ TINY_PARAMS = {
                  "batch_size": 64, "mcts_questions": 4, "chain_questions": 4, "iterations": 2, "children": 2, "step_tokens": 24,
                  "max_steps": 4},
     "prm": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 8, "logging_steps": 1,
-            "rank_drill": {"steps": 3, "batch_size": 2, "val_tables": 4}},
+            "rank_drill": {"curriculum": [1, 1], "steps": 1, "batch_size": 2, "val_tables": 4}},
     "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8,
                  "decoding": {"questions": 8, "n": 2, "beam_width": 1, "mcts_iterations": 2, "mcts_children": 2, "max_steps": 4,
                               "step_tokens": 24}},

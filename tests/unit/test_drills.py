@@ -249,3 +249,38 @@ def test_train_rank_drill_trains_reports_and_repeats_exactly():
     assert logged == logged2 and metrics["exact"] == metrics2["exact"]
     assert all(torch.equal(a, b) for a, b in zip(weights, weights2))
     json.dumps(metrics)  # plain data, as metrics/prm.json takes it
+
+
+def test_rank_drill_asks_only_the_ranks_given():
+    synth, rng = SynthesizeConfig(), random.Random(5)
+    assert {drills.rank_drill(rng, synth, ("largest",))[2] for _ in range(20)} == {"largest"}
+    assert {drills.rank_drill(rng, synth, ("largest", "smallest"))[2] for _ in range(40)} == {"largest", "smallest"}
+
+
+def test_train_rank_drill_curriculum_adds_one_rank_a_phase(monkeypatch):
+    from pipeline.config import RankDrillConfig
+
+    synth = SynthesizeConfig()
+    texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]
+    tokenizer = train_tokenizer(texts, 300)
+    asked: list[tuple[str, ...]] = []
+    real = drills.rank_drill
+
+    def spy(rng, synth, ranks=tuple(drills.RANKS)):
+        asked.append(tuple(ranks))
+        return real(rng, synth, ranks)
+
+    monkeypatch.setattr(drills, "rank_drill", spy)
+    cfg = RankDrillConfig(steps=2, curriculum=[3, 0, 1], batch_size=2, val_tables=4)
+    model = build_student(TINY, tokenizer)
+    logged: list = []
+    metrics = drills.train_rank_drill(model, tokenizer, cfg, synth, lambda *a: logged.append(a))
+    every = tuple(drills.RANKS)
+    # the held-out tables first (every rank), then 2 drills a step: 3 steps of the largest alone, the
+    # empty phase skipped, 1 step of the first three ranks, 2 of every rank
+    assert asked == [every] * 4 + [every[:1]] * 6 + [every[:3]] * 2 + [every] * 4
+    assert metrics["steps"] == 6 and [p["steps"] for p in metrics["phases"]] == [3, 1, 2]
+    assert [p["ranks"] for p in metrics["phases"]] == [list(every[:1]), list(every[:3]), list(every)]
+    # the curves' steps run on across phases
+    assert [step for name, step, _ in logged if name == "rank/loss"] == [1, 2, 3, 4, 5, 6]
+    assert metrics["phases"][-1]["exact"] == metrics["exact"] == logged[-1][2]
