@@ -1,4 +1,4 @@
-"""python bench/rank_probe.py [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--lr 1e-3] [--threads 1] [--save DIR]
+"""python bench/rank_probe.py [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--replay 8] [--lr 1e-3] [--threads 1] [--save DIR]
 
 Can the student's architecture learn the ranking step that best-of-N and the
 PRM miss most (HISTORY.md, "Where best-of-4 still loses")? Runs the `prm` stage's
@@ -8,6 +8,7 @@ saved model (`--init`: the drilled `models/base`, or `models/sft`, the policy
 the PRM starts from) with the curriculum, step count and learning rate given,
 outside the DAG. `--curriculum 1200,1200`: 1,200 steps asking the largest
 alone, 1,200 asking largest and smallest, then `--steps` on every rank.
+`--replay 8`: 8 gold rows of data/synthesize/train.parquet in each batch.
 Prints the loss and the greedy exact match on the held-out tables five times
 a phase (a key of the list at random gets about 1/4), then the drill's
 metrics, per rank asked and per phase. `--save DIR` keeps the drilled model.
@@ -21,8 +22,10 @@ from pathlib import Path
 
 import torch
 
+from pipeline import paths
 from pipeline.config import RankDrillConfig, SynthesizeConfig, load_section
 from pipeline.drills import train_rank_drill
+from pipeline.io import read_rows
 from pipeline.models import load_model, save_model
 
 
@@ -32,6 +35,7 @@ def main() -> None:
     parser.add_argument("--curriculum", default="", help="comma-separated steps of each phase (phase i: the first "
                         "i + 1 ranks) before --steps on every rank")
     parser.add_argument("--steps", type=int, default=7200)
+    parser.add_argument("--replay", type=int, default=0, help="gold rows beside the drills in each batch")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--val", type=int, default=200)
@@ -42,13 +46,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     synth = load_section("synthesize", SynthesizeConfig)
     cfg = RankDrillConfig(seed=args.seed, steps=args.steps, curriculum=[int(n) for n in args.curriculum.split(",") if n],
-                          learning_rate=args.lr, batch_size=args.batch_size, val_tables=args.val)
+                          learning_rate=args.lr, batch_size=args.batch_size, replay=args.replay, val_tables=args.val)
+    gold = read_rows(paths.split_file("train"), required=("prompt", "rationale")) if args.replay else []
     model, tokenizer = load_model(args.init)
 
     def log(name: str, step: int, value: float) -> None:
         print(json.dumps({"step": step, name: round(value, 4)}), flush=True)
 
-    print(json.dumps({"init": str(args.init)} | train_rank_drill(model, tokenizer, cfg, synth, log)), flush=True)
+    print(json.dumps({"init": str(args.init)} | train_rank_drill(model, tokenizer, cfg, synth, log, replay=gold)), flush=True)
     if args.save:
         save_model(model, tokenizer, args.save)
 

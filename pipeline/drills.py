@@ -267,7 +267,14 @@ def rank_exact(model, tokenizer, val: Sequence[tuple[str, str, str]]) -> dict:
     return {"all": scores["all"]} | {rank: scores.get(rank) for rank in RANKS}
 
 
-def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, log=None) -> dict:
+def gold_pair(tokenizer, row: dict) -> Pair:
+    """A synthesized row's (prompt, rationale + EOS) ids: the loss on the rationale, as SFT trains on it."""
+    prompt, target = encode(tokenizer, row["prompt"], row["rationale"])
+    return prompt, target + [tokenizer.eos_token_id]
+
+
+def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, log=None,
+                     replay: Sequence[dict] = ()) -> dict:
     """The ranking drill on new seeded random tables: `cfg.curriculum` phases, then `cfg.steps` on every rank; its metrics.
 
     Phase i of the curriculum asks only the first i + 1 ranks of RANKS (largest alone, then
@@ -277,11 +284,16 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
     "Teaching the PRM to rank"). Validation asks one rank of each of `cfg.val_tables` tables
     drawn before any training table (so a run repeats exactly, whatever the step count).
     `log(name, step, value)` receives the loss and the held-out exact match five times a phase.
+    With `cfg.replay`, each batch also holds that many gold rows of `replay` (synthesized
+    prompt and rationale, drawn with seed + 1): drilled on rankings alone, the policy forgets
+    what the drill never asks (the PRM from it lost the colour of a bar: README).
     Returns steps (all phases), last loss, seconds, exact match before and after, after per
     rank, and the held-out read at the end of each phase.
     """
     log = log or (lambda name, step, value: None)
-    rng = random.Random(cfg.seed)
+    if cfg.replay and len(replay) < cfg.replay:
+        raise ValueError(f"prm.rank_drill.replay: {cfg.replay} gold rows a batch, but {len(replay)} given")
+    rng, replay_rng = random.Random(cfg.seed), random.Random(cfg.seed + 1)
     val = [rank_drill(rng, synth) for _ in range(cfg.val_tables)]
     before, start, losses = rank_exact(model, tokenizer, val), time.time(), []
     phases = [(tuple(RANKS)[: i + 1], n) for i, n in enumerate(cfg.curriculum)] + [(tuple(RANKS), cfg.steps)]
@@ -291,7 +303,8 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
             continue
 
         def batch(ranks=ranks) -> list[Pair]:
-            return [encode(tokenizer, *rank_drill(rng, synth, ranks)[:2]) for _ in range(cfg.batch_size)]
+            asked = [encode(tokenizer, *rank_drill(rng, synth, ranks)[:2]) for _ in range(cfg.batch_size)]
+            return asked + [gold_pair(tokenizer, row) for row in replay_rng.sample(list(replay), cfg.replay)]
 
         def report(step: int, loss: float, offset=done) -> None:
             losses.append(loss)

@@ -95,8 +95,9 @@ def rank_drilled(model, tokenizer, cfg: PRMConfig, synth: SynthesizeConfig, live
     if not cfg.rank_drill.steps and not any(cfg.rank_drill.curriculum):
         return None
     model.to(default_device())  # the drill's own loop (the Trainer that follows places the model itself)
+    gold = read_rows(paths.split_file("train"), required=("prompt", "rationale")) if cfg.rank_drill.replay else []
     with curve_log(live_dir) as log:
-        metrics = train_rank_drill(model, tokenizer, cfg.rank_drill, synth, log)
+        metrics = train_rank_drill(model, tokenizer, cfg.rank_drill, synth, log, replay=gold)
     level = logging.INFO if metrics["exact"] >= cfg.rank_drill.expect else logging.WARNING
     # Below `expect` the PRM still guesses which key a ranked step names (HISTORY.md, "Where best-of-4 still loses").
     stage_logger().log(level, "ranking drill: held-out exact match %.3f -> %.3f after %d steps (expected >= %.2f)",

@@ -237,7 +237,7 @@ def test_train_rank_drill_trains_reports_and_repeats_exactly():
     synth = SynthesizeConfig()
     texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]
     tokenizer = train_tokenizer(texts, 300)
-    cfg = RankDrillConfig(steps=5, batch_size=2, val_tables=6)
+    cfg = RankDrillConfig(curriculum=[], steps=5, batch_size=2, replay=0, val_tables=6)
     (metrics, logged, weights), (metrics2, logged2, weights2) = drilled_twice(
         lambda model, log: drills.train_rank_drill(model, tokenizer, cfg, synth, log), tokenizer)
     assert metrics["steps"] == 5 and metrics["loss"] > 0 and 0 <= metrics["exact_before"] <= 1
@@ -271,7 +271,7 @@ def test_train_rank_drill_curriculum_adds_one_rank_a_phase(monkeypatch):
         return real(rng, synth, ranks)
 
     monkeypatch.setattr(drills, "rank_drill", spy)
-    cfg = RankDrillConfig(steps=2, curriculum=[3, 0, 1], batch_size=2, val_tables=4)
+    cfg = RankDrillConfig(steps=2, curriculum=[3, 0, 1], batch_size=2, replay=0, val_tables=4)
     model = build_student(TINY, tokenizer)
     logged: list = []
     metrics = drills.train_rank_drill(model, tokenizer, cfg, synth, lambda *a: logged.append(a))
@@ -284,3 +284,31 @@ def test_train_rank_drill_curriculum_adds_one_rank_a_phase(monkeypatch):
     # the curves' steps run on across phases
     assert [step for name, step, _ in logged if name == "rank/loss"] == [1, 2, 3, 4, 5, 6]
     assert metrics["phases"][-1]["exact"] == metrics["exact"] == logged[-1][2]
+
+
+def test_train_rank_drill_replays_gold_rows_beside_the_drills(monkeypatch):
+    from pipeline.config import RankDrillConfig
+
+    synth = SynthesizeConfig()
+    texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]
+    tokenizer = train_tokenizer(texts + ["Step 1: Select the Sep slice: Sep 17.\nAnswer: 17"], 300)
+    gold = [{"prompt": f"Chart: bar.\nA: {i} | B: 3\nQuestion: What is A?\n",
+             "rationale": f"Step 1: Select the A bar: A {i}.\nAnswer: {i}"} for i in range(1, 6)]
+    batches: list = []
+    real = drills.target_loss
+    monkeypatch.setattr(drills, "target_loss", lambda model, batch, pad: batches.append(batch) or real(model, batch, pad))
+    cfg = RankDrillConfig(curriculum=[1], steps=1, batch_size=2, replay=3, val_tables=2)
+    drills.train_rank_drill(build_student(TINY, tokenizer), tokenizer, cfg, synth, replay=gold)
+    assert len(batches) == 2 and all(len(b) == 5 for b in batches)
+    as_key = lambda pair: (tuple(pair[0]), tuple(pair[1]))  # noqa: E731
+    gold_keys = {as_key(drills.gold_pair(tokenizer, row)) for row in gold}
+    for batch in batches:
+        # two drills, then three distinct gold rows, each with its rationale and an EOS as the target
+        assert not {as_key(p) for p in batch[:2]} & gold_keys
+        replayed = [as_key(p) for p in batch[2:]]
+        assert len(set(replayed)) == 3 and set(replayed) <= gold_keys
+        assert all(target[-1] == tokenizer.eos_token_id for _, target in batch[2:])
+    first = drills.gold_pair(tokenizer, gold[0])
+    assert tokenizer.decode(first[1][:-1]) == gold[0]["rationale"]
+    with pytest.raises(ValueError, match="prm.rank_drill.replay: 3 gold rows a batch, but 2 given"):
+        drills.train_rank_drill(build_student(TINY, tokenizer), tokenizer, cfg, synth, replay=gold[:2])
