@@ -281,7 +281,7 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
     largest and smallest, ...), each phase its own warm-up and cosine decay: asked every rank
     from the start, the student with digit pairs stays at chance after 7,200 steps, while
     "largest" alone clicks within 2,000 and each next rank then builds on it (README,
-    "Teaching the PRM to rank"). Validation asks one rank of each of `cfg.val_tables` tables
+    "This version"). Validation asks one rank of each of `cfg.val_tables` tables
     drawn before any training table (so a run repeats exactly, whatever the step count).
     `log(name, step, value)` receives the loss and the held-out exact match five times a phase.
     With `cfg.replay`, each batch also holds that many gold rows of `replay` (synthesized

@@ -2,12 +2,13 @@
 
 The process reward model: the policy's causal LM (`prm_data.policy`, default
 models/sft) whose LM head is read as a verdict on each token of a line
-(pipeline/prm.py). With `prm.rank_drill.steps` above 0 it first drills the
-ranking step (pipeline/drills.py: "The largest of them is" after a listed set,
-on new random tables), which a policy of the spaced-digit tokenizer guessed
-and so a PRM started from it could not check (HISTORY.md, "Where best-of-4
-still loses"); with digit pairs, the default, the drill does not click and the
-PRM picks no better with it (README, "This version"), so it is off. Then it is trained on
+(pipeline/prm.py). First it drills the policy on the ranking step
+(`prm.rank_drill`; pipeline/drills.py: "The largest of them is" after a listed
+set, on new random tables), which the policy guesses, so that a PRM started
+from it can check it: in phases (the largest alone, then largest and smallest,
+then every rank), since with digit pairs the flat drill never clicks, and with
+gold rationales replayed beside the drills, since without them the PRM lost
+checks the drill never asks (README, "This version"). Then it is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
