@@ -20,8 +20,7 @@ import torch
 from pipeline.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
 from pipeline.evaluation import score
-from pipeline.generation import LocalSampler
-from pipeline.models import load_model
+from prm_selection import draw  # bench/ is on sys.path when run as a script: the same greedy decoding
 
 
 def main() -> None:
@@ -38,12 +37,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = more_questions(synth, args.questions, args.fresh_seed, args.split, prefix=f"fresh-{args.split}")
     for path in args.policies:
-        model, tokenizer = load_model(path)
-        sampler = LocalSampler(model, tokenizer, 64)
-        drawn = sampler.sample([r["prompt"] for r in rows], n=1, temperature=0.0, top_p=1.0, max_new_tokens=192, seed=0)
         right: dict[str, list[bool]] = defaultdict(list)
-        for row, gens in zip(rows, drawn):
-            right[row["task_type"]].append(score(row, gens[0].text, 0)["correct"])
+        for row, (text,) in zip(rows, draw(path, rows, 1, [])["greedy"]):
+            right[row["task_type"]].append(score(row, text, 0)["correct"])
         total = [c for v in right.values() for c in v]
         print(json.dumps({"policy": str(path), "greedy": round(sum(total) / len(total), 3),
                           "by_task_type": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(right.items())}}), flush=True)

@@ -293,7 +293,7 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
     log = log or (lambda name, step, value: None)
     if cfg.replay and len(replay) < cfg.replay:
         raise ValueError(f"prm.rank_drill.replay: {cfg.replay} gold rows a batch, but {len(replay)} given")
-    rng, replay_rng = random.Random(cfg.seed), random.Random(cfg.seed + 1)
+    rng, replay_rng, pool = random.Random(cfg.seed), random.Random(cfg.seed + 1), list(replay)  # listed once, not per step
     val = [rank_drill(rng, synth) for _ in range(cfg.val_tables)]
     before, start, losses = rank_exact(model, tokenizer, val), time.time(), []
     phases = [(tuple(RANKS)[: i + 1], n) for i, n in enumerate(cfg.curriculum)] + [(tuple(RANKS), cfg.steps)]
@@ -304,7 +304,7 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
 
         def batch(ranks=ranks) -> list[Pair]:
             asked = [encode(tokenizer, *rank_drill(rng, synth, ranks)[:2]) for _ in range(cfg.batch_size)]
-            return asked + [gold_pair(tokenizer, row) for row in replay_rng.sample(list(replay), cfg.replay)]
+            return asked + [gold_pair(tokenizer, row) for row in replay_rng.sample(pool, cfg.replay)]
 
         def report(step: int, loss: float, offset=done) -> None:
             losses.append(loss)

@@ -237,7 +237,7 @@ def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspac
     prm.main()
     metrics = json.loads(paths.metrics_file("prm").read_text())
     # the ranking drill ran first (a step of each curriculum phase, then one on every rank), its curves beside
-    # the PRM's; three steps never read 0.8: a warning says so
+    # the PRM's; three steps never read `expect` (0.5): a warning says so
     drill = metrics["rank_drill"]
     assert drill["steps"] == 3 and [p["steps"] for p in drill["phases"]] == [1, 1, 1] and 0 <= drill["exact"] <= 1
     assert (paths.live_dir("prm") / "rank_drill" / "metrics.json").exists()
