@@ -1,12 +1,11 @@
-"""python bench/prm_recipe.py --out /tmp/prm-pair '{"pair_weight": 1.0}' [--init /tmp/prm-init | --save-init /tmp/prm-init]
+"""python bench/prm_recipe.py --out /tmp/prm-pair '{"pair_weight": 1.0}' [--init /tmp/policy]
 
 One PRM trained the way `python -m stages.prm` trains it, with `prm` params
 overridden by the JSON argument, saved to `--out` for `bench/prm_selection.py
---prm` to pick with. The ranking drill (`prm.rank_drill`, most of the stage's
-time) runs once: `--save-init DIR` keeps the drilled policy, `--init DIR` starts
-the next recipe from it (the drill's params are then not read). Prints the
-held-out metrics the stage writes to metrics/prm.json. Nothing under models/,
-data/ or metrics/ changes. Needs data/prm_data and the policy (`make run`).
+--prm` to pick with; `--init DIR` starts it from another policy than
+`prm_data.policy` (e.g. one `bench/rank_probe.py --save` drilled otherwise).
+Prints the held-out metrics the stage writes to metrics/prm.json. Nothing under
+models/, data/ or metrics/ changes. Needs data/prm_data and the policy (`make run`).
 """
 
 from __future__ import annotations
@@ -21,20 +20,18 @@ import torch
 from transformers import TrainerCallback
 
 from pipeline import paths, training
-from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig, load_section
+from pipeline.config import PRMConfig, PRMDataConfig, load_section
 from pipeline.io import read_rows
 from pipeline.models import load_tokenizer, save_model
 from pipeline.prm import PRMScorer, prm_from_policy
-from stages.prm import STEP_LABEL_COLUMNS, held_out, rank_drilled
+from stages.prm import STEP_LABEL_COLUMNS, held_out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="?", default="{}", help="a JSON object of prm params")
     parser.add_argument("--out", type=Path, required=True, help="where the trained PRM is saved")
-    start_from = parser.add_mutually_exclusive_group()
-    start_from.add_argument("--init", type=Path, default=None, help="a drilled policy saved by --save-init")
-    start_from.add_argument("--save-init", type=Path, default=None, help="keep the drilled policy here")
+    parser.add_argument("--init", type=Path, default=None, help="the policy to start from (default: prm_data.policy)")
     args = parser.parse_args()
     cfg = load_section("prm", PRMConfig).model_copy(update=json.loads(args.overrides))
     PRMConfig.model_validate(cfg.model_dump())  # unknown keys and wrong types fail here, before any work
@@ -49,16 +46,11 @@ def main() -> None:
     model = prm_from_policy(args.init or policy_dir, cfg.extra_layers)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        drill = None if args.init else rank_drilled(model, tokenizer, cfg, load_section("synthesize", SynthesizeConfig),
-                                                    Path(tmp) / "drill")
-        if args.save_init:
-            save_model(model, tokenizer, args.save_init)
         trained = training.prm_train(cfg, model, tokenizer, rows + chains, Path(tmp) / "trainer", Path(tmp) / "live")
     metrics, _ = held_out(PRMScorer(model, tokenizer, cfg.batch_size), val)
     save_model(model, tokenizer, args.out)
     print(json.dumps({"overrides": json.loads(args.overrides), "init": str(args.init or policy_dir),
-                      "rank_drill": drill and drill["exact"], "seconds": round(time.perf_counter() - start, 1),
-                      **trained, "held_out": metrics}))
+                      "seconds": round(time.perf_counter() - start, 1), **trained, "held_out": metrics}))
 
 
 if __name__ == "__main__":

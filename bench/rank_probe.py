@@ -1,12 +1,13 @@
 """python bench/rank_probe.py [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--replay 8] [--lr 1e-3] [--threads 1] [--save DIR]
 
 Can the student's architecture learn the ranking step that best-of-N and the
-PRM miss most (HISTORY.md, "Where best-of-4 still loses")? Runs the `prm` stage's
-ranking drill (pipeline/drills.train_rank_drill: "The largest of them is" after
-a listed set, worded as the rationales word it, on new random tables) on a
-saved model (`--init`: the drilled `models/base`, or `models/sft`, the policy
-the PRM starts from) with the curriculum, step count and learning rate given,
-outside the DAG. `--curriculum 1200,1200`: 1,200 steps asking the largest
+PRM miss most (HISTORY.md, "Where best-of-4 still loses")? Runs the `sft` stage's
+ranking drill (its last phase, `sft.rank_drill`; pipeline/drills.train_rank_drill:
+"The largest of them is" after a listed set, worded as the rationales word it,
+on new random tables) on a saved model (`--init`: the drilled `models/base`, or
+`models/sft`, which has had the stage's drill, or an undrilled SFT student, e.g.
+`sft.rank_drill` with no steps in a scratch copy of the repo) with the
+curriculum, step count and learning rate given, outside the DAG. `--curriculum 1200,1200`: 1,200 steps asking the largest
 alone, 1,200 asking largest and smallest, then `--steps` on every rank.
 `--replay 8`: 8 gold rows of data/synthesize/train.parquet in each batch.
 Prints the loss and the greedy exact match on the held-out tables five times

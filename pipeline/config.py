@@ -99,7 +99,8 @@ class DrillConfig(Section):
 
 
 class RankDrillConfig(Section):
-    """`prm.rank_drill`: the ranking drill the PRM's init (the policy) trains on first (pipeline/drills.py)."""
+    """`sft.rank_drill`: the ranking drill the student trains on after SFT (pipeline/drills.py), so that every
+    policy after `sft` and the PRM started from it rank a listed set."""
 
     seed: int = Field(0, description="RNG seed of the random tables and the ranks asked")
     curriculum: list[Annotated[int, Field(ge=0)]] = Field(
@@ -186,6 +187,8 @@ class SFTConfig(TrainConfig):
         0.0, ge=0, description="temporal questions of data/animate added to phase 1, as a share of its rows "
         "(0.1: one per ten rows, at most all of them; 0: none)",
     )
+    rank_drill: RankDrillConfig = Field(default_factory=RankDrillConfig,
+                                        description="the ranking drill after the last SFT phase (no steps: none)")
 
 
 class TeacherConfig(Section):
@@ -457,8 +460,6 @@ class PRMConfig(Section):
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
     logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")
     batch_size: int = Field(64, ge=1, description="paths scored together when measuring held-out AUROC")
-    rank_drill: RankDrillConfig = Field(default_factory=RankDrillConfig,
-                                        description="the ranking drill the policy's LM trains on before the PRM does")
 
 
 class DecodingConfig(Section):

@@ -17,7 +17,9 @@ the key and its value (" Tigers 19."). The loss is on the target only.
 
 The ranking drill (`rank_drill`, `train_rank_drill`) teaches the step that
 ranks a listed set, worded as the rationales word it, to a model that already
-reads the table (the PRM's init: HISTORY.md, "Where best-of-4 still loses").
+reads the table: the student after SFT, which guesses it (HISTORY.md, "Where
+best-of-4 still loses"), so that every policy after `sft` and the PRM started
+from one rank.
 """
 
 from __future__ import annotations
@@ -286,13 +288,14 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
     `log(name, step, value)` receives the loss and the held-out exact match five times a phase.
     With `cfg.replay`, each batch also holds that many gold rows of `replay` (synthesized
     prompt and rationale, drawn with seed + 1): drilled on rankings alone, the policy forgets
-    what the drill never asks (the PRM from it lost the colour of a bar: README).
+    what the drill never asks (the PRM from it lost the colour of a bar, and the policy stops
+    writing rationales: README).
     Returns steps (all phases), last loss, seconds, exact match before and after, after per
     rank, and the held-out read at the end of each phase.
     """
     log = log or (lambda name, step, value: None)
     if cfg.replay and len(replay) < cfg.replay:
-        raise ValueError(f"prm.rank_drill.replay: {cfg.replay} gold rows a batch, but {len(replay)} given")
+        raise ValueError(f"sft.rank_drill.replay: {cfg.replay} gold rows a batch, but {len(replay)} given")
     rng, replay_rng, pool = random.Random(cfg.seed), random.Random(cfg.seed + 1), list(replay)  # listed once, not per step
     val = [rank_drill(rng, synth) for _ in range(cfg.val_tables)]
     before, start, losses = rank_exact(model, tokenizer, val), time.time(), []

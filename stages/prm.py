@@ -1,14 +1,9 @@
 """python -m stages.prm
 
 The process reward model: the policy's causal LM (`prm_data.policy`, default
-models/sft) whose LM head is read as a verdict on each token of a line
-(pipeline/prm.py). First it drills the policy on the ranking step
-(`prm.rank_drill`; pipeline/drills.py: "The largest of them is" after a listed
-set, on new random tables), which the policy guesses, so that a PRM started
-from it can check it: in phases (the largest alone, then largest and smallest,
-then every rank), since with digit pairs the flat drill never clicks, and with
-gold rationales replayed beside the drills, since without them the PRM lost
-checks the drill never asks (README, "This version"). Then it is trained on
+models/sft, which `sft` drilled on the ranking step so that a PRM started from
+it can check that step: `sft.rank_drill`) whose LM head is read as a verdict
+on each token of a line (pipeline/prm.py). It is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
@@ -17,22 +12,20 @@ validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
 Writes models/prm/, metrics/prm.json and plots/prm/ (loss curve via dvclive,
-the drill's curves in rank_drill/, calibration.json and calibration.png).
+calibration.json and calibration.png).
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 
 import torch
 
 from pipeline import paths
-from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig, load_section
-from pipeline.drills import curve_log, train_rank_drill
+from pipeline.config import PRMConfig, PRMDataConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import default_device, load_tokenizer, save_model
+from pipeline.models import load_tokenizer, save_model
 from pipeline.plots import reliability_chart
 from pipeline.prm import (
     AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal, prm_from_policy,
@@ -91,22 +84,7 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
     return out
 
 
-def rank_drilled(model, tokenizer, cfg: PRMConfig, synth: SynthesizeConfig, live_dir) -> dict | None:
-    """Drill the PRM's init on the ranking step in place (curves in `live_dir`); the drill's metrics, None if off."""
-    if not cfg.rank_drill.steps and not any(cfg.rank_drill.curriculum):
-        return None
-    model.to(default_device())  # the drill's own loop (the Trainer that follows places the model itself)
-    gold = read_rows(paths.split_file("train"), required=("prompt", "rationale")) if cfg.rank_drill.replay else []
-    with curve_log(live_dir) as log:
-        metrics = train_rank_drill(model, tokenizer, cfg.rank_drill, synth, log, replay=gold)
-    level = logging.INFO if metrics["exact"] >= cfg.rank_drill.expect else logging.WARNING
-    # Below `expect` the PRM still guesses which key a ranked step names (HISTORY.md, "Where best-of-4 still loses").
-    stage_logger().log(level, "ranking drill: held-out exact match %.3f -> %.3f after %d steps (expected >= %.2f)",
-                       metrics["exact_before"], metrics["exact"], metrics["steps"], cfg.rank_drill.expect)
-    return metrics
-
-
-def _flow(cfg: PRMConfig, policy: str, synth: SynthesizeConfig) -> None:
+def _flow(cfg: PRMConfig, policy: str) -> None:
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
     val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
@@ -120,10 +98,7 @@ def _flow(cfg: PRMConfig, policy: str, synth: SynthesizeConfig) -> None:
     model = prm_from_policy(policy_dir, cfg.extra_layers)
     out_dir = paths.model_dir("prm")
     with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
-        drill = rank_drilled(model, tokenizer, cfg, synth, live / "rank_drill")
         metrics = prm_train(cfg, model, tokenizer, rows + chains, out / ".trainer", live)
-        if drill:
-            metrics["rank_drill"] = drill
         metrics["sources"] = {s: sum(r["source"] == s for r in rows) for s in cfg.sources}
         if chains:
             metrics["sources"]["chain"] = len(chains)
@@ -146,8 +121,7 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("prm", PRMConfig)
         policy = load_section("prm_data", PRMDataConfig).policy
-        synth = load_section("synthesize", SynthesizeConfig)
-    run_stage("prm", _flow, cfg, policy, synth)
+    run_stage("prm", _flow, cfg, policy)
 
 
 if __name__ == "__main__":

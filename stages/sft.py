@@ -6,24 +6,34 @@ teacher's verified traces (data/distill/train.parquet), or both. With
 `sft.curriculum`, a second phase trains on the hard set (data/distill/hard.parquet).
 With `sft.mix` > 0, phase 1 also trains on that share of temporal questions
 over video clips (data/animate/questions.parquet, a seeded sample).
-With `distill.method: logits`, a last phase distils the teacher's token
+With `distill.method: logits`, a phase distils the teacher's token
 distributions on the student's own rollouts (TRL's DistillationTrainer).
+Last, the ranking drill (`sft.rank_drill`; pipeline/drills.py: "The largest of
+them is" after a listed set, on new random tables), a step the student
+otherwise guesses: in phases (the largest alone, then largest and smallest,
+then every rank), since with digit pairs the flat drill never clicks, and with
+gold rationales replayed beside the drills, since without them the student
+stops writing rationales. Every policy after `sft` and the PRM start from the
+drilled student (README, "This version").
 
-Curves go through dvclive into plots/sft/ (phase 2 and 3 in sub-folders), the
-summary into metrics/sft.json, the model into models/sft/.
+Curves go through dvclive into plots/sft/ (phase 2 and 3 in sub-folders, the
+drill's in rank_drill/), the summary into metrics/sft.json, the model into
+models/sft/.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.config import DistillConfig, SFTConfig, load_section
+from pipeline.config import DistillConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, load_section
+from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
-from pipeline.models import load_model, save_model
+from pipeline.models import default_device, load_model, save_model
 from pipeline.training import logit_distill, sft_train
 
 DISTILLED = paths.split_file("train", stage="distill")
@@ -60,12 +70,32 @@ def mix_rows(cfg: SFTConfig, rows: list[dict]) -> tuple[SFTConfig, list[dict], i
     return cfg, base + extra, len(extra)  # appended: the trainer's sampler shuffles
 
 
-def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, rows: list[dict], val_rows: list[dict],
-        work_dir: Path, live_dir: Path, phase1: tuple[SFTConfig, list[dict]] | None = None) -> dict:
+def rank_drilled(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, live_dir: Path) -> dict | None:
+    """The ranking drill in place on `model` (curves in `live_dir`); its metrics, None when it has no steps.
+
+    Its replay rows are the gold rationales of data/synthesize/train.parquet, whatever `sft.source`.
+    """
+    if not cfg.steps and not any(cfg.curriculum):
+        return None
+    model.to(default_device())  # the drill's own loop (a Trainer places the model itself)
+    gold = read_rows(paths.split_file("train"), required=("prompt", "rationale")) if cfg.replay else []
+    with curve_log(live_dir) as log:
+        metrics = train_rank_drill(model, tokenizer, cfg, synth, log, replay=gold)
+    level = logging.INFO if metrics["exact"] >= cfg.expect else logging.WARNING
+    # Below `expect` the student still guesses which key a ranked step names (HISTORY.md, "Where best-of-4 still loses").
+    stage_logger().log(level, "ranking drill: held-out exact match %.3f -> %.3f after %d steps (expected >= %.2f)",
+                       metrics["exact_before"], metrics["exact"], metrics["steps"], cfg.expect)
+    return metrics
+
+
+def run(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, model, tokenizer, rows: list[dict],
+        val_rows: list[dict], work_dir: Path, live_dir: Path, phase1: tuple[SFTConfig, list[dict]] | None = None
+        ) -> dict:
     """All phases in place on `model`; returns the summary metrics (phase 1 flat, later nested).
 
     Phase 1 trains on `phase1` (`sft.mix`'s config and rows, from mix_rows) when given, else on (cfg, rows);
     the curriculum's stage 2 and logit distillation always get `cfg` and `rows`, without temporal questions.
+    The ranking drill, last, draws its tables as `synth` draws the questions' charts.
     """
     phase1_cfg, phase1_rows = phase1 or (cfg, rows)
     metrics = {"source": cfg.source,
@@ -90,10 +120,13 @@ def run(cfg: SFTConfig, distill: DistillConfig, model, tokenizer, rows: list[dic
             distill, model, teacher, tokenizer, rows, work_dir, live_dir / "logits", seed=cfg.seed,
             batch_size=cfg.per_device_train_batch_size,
         )
+    drill = rank_drilled(model, tokenizer, cfg.rank_drill, synth, live_dir / "rank_drill")
+    if drill:
+        metrics["rank_drill"] = drill
     return metrics
 
 
-def _flow(cfg: SFTConfig, distill: DistillConfig) -> None:
+def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     rows, files = training_rows(cfg.source)  # fail on a missing input before loading anything
@@ -102,13 +135,16 @@ def _flow(cfg: SFTConfig, distill: DistillConfig) -> None:
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"))
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
-        metrics = run(cfg, distill, model, tokenizer, rows, val_rows, out / ".trainer", live, (train_cfg, mixed))
+        metrics = run(cfg, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
+                      (train_cfg, mixed))
         if cfg.mix > 0:
             metrics["temporal_rows"] = temporal
         stage_logger().info("sft: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)
         inputs = [paths.model_dir("base"), *files, val_file] + ([HARD] if cfg.curriculum else [])
+        if cfg.rank_drill.replay and paths.split_file("train") not in inputs:
+            inputs.append(paths.split_file("train"))
         write_manifest(out, "sft", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics,
                        distill_method=distill.method)
     write_json(paths.metrics_file("sft"), metrics)
@@ -118,7 +154,8 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("sft", SFTConfig)
         distill = load_section("distill", DistillConfig)
-    run_stage("sft", _flow, cfg, distill)
+        synth = load_section("synthesize", SynthesizeConfig)
+    run_stage("sft", _flow, cfg, distill, synth)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def test_distill_outputs_are_consistent(workspace):
     assert after == before
 
 
-def test_sft_changes_the_weights(workspace):
+def test_sft_changes_the_weights_then_drills_the_ranking_step(workspace, caplog):
     from stages import sft
 
     sft.main()
@@ -157,6 +157,12 @@ def test_sft_changes_the_weights(workspace):
     assert metrics["weights_changed"] == 1.0
     assert (paths.live_dir("sft") / "plots" / "metrics" / "loss.tsv").exists()
     assert (paths.live_dir("sft") / "plots" / "metrics" / "eval" / "loss.tsv").exists()
+    # last, the ranking drill (a step of each curriculum phase, then one on every rank), its curves beside
+    # SFT's; three steps never read `expect` (0.5): a warning says so
+    drill = metrics["rank_drill"]
+    assert drill["steps"] == 3 and [p["steps"] for p in drill["phases"]] == [1, 1, 1] and 0 <= drill["exact"] <= 1
+    assert (paths.live_dir("sft") / "rank_drill" / "metrics.json").exists()
+    assert any(r.levelname == "WARNING" and "ranking drill" in r.getMessage() for r in caplog.records)
 
 
 def test_sft_mixed_source_with_curriculum_and_logits(workspace):
@@ -231,17 +237,12 @@ def test_prm_data_refuses_the_policys_own_question_seed(workspace, capsys):
     assert (paths.stage_data("prm_data") / "train.parquet").read_bytes() == before
 
 
-def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspace, caplog):
+def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspace):
     from stages import prm
 
     prm.main()
     metrics = json.loads(paths.metrics_file("prm").read_text())
-    # the ranking drill ran first (a step of each curriculum phase, then one on every rank), its curves beside
-    # the PRM's; three steps never read `expect` (0.5): a warning says so
-    drill = metrics["rank_drill"]
-    assert drill["steps"] == 3 and [p["steps"] for p in drill["phases"]] == [1, 1, 1] and 0 <= drill["exact"] <= 1
-    assert (paths.live_dir("prm") / "rank_drill" / "metrics.json").exists()
-    assert any(r.levelname == "WARNING" and "ranking drill" in r.getMessage() for r in caplog.records)
+    assert "rank_drill" not in metrics  # the policy it starts from drilled in `sft`
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
     assert metrics["sources"]["chain"] == 32 and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
     assert metrics["held_out"]["lines"] == sum(len(r["labels"]) for r in read_rows(paths.split_file("val", "prm_data")))

@@ -310,5 +310,5 @@ def test_train_rank_drill_replays_gold_rows_beside_the_drills(monkeypatch):
         assert all(target[-1] == tokenizer.eos_token_id for _, target in batch[2:])
     first = drills.gold_pair(tokenizer, gold[0])
     assert tokenizer.decode(first[1][:-1]) == gold[0]["rationale"]
-    with pytest.raises(ValueError, match="prm.rank_drill.replay: 3 gold rows a batch, but 2 given"):
+    with pytest.raises(ValueError, match="sft.rank_drill.replay: 3 gold rows a batch, but 2 given"):
         drills.train_rank_drill(build_student(TINY, tokenizer), tokenizer, cfg, synth, replay=gold[:2])
