@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline import paths
-from pipeline.config import SFTConfig
+from pipeline.config import SFTConfig, SynthesizeConfig
 from pipeline.io import write_rows
 
 
@@ -38,7 +38,8 @@ def test_mix_adds_a_seeded_share_on_top_of_the_truncated_rows(tmp_path, monkeypa
 
 def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     """The raised max_train_samples and the temporal rows go to phase 1; curriculum stage 2 and logit
-    distillation get the stage's own config and rows. At mix 0 every phase gets what it got before sft.mix."""
+    distillation get the stage's own config and rows, and the ranking drill comes last. At mix 0 every phase gets what it
+    got before sft.mix."""
     from types import SimpleNamespace
 
     import pipeline.teacher
@@ -60,6 +61,8 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     tok = SimpleNamespace(get_vocab=dict)
     monkeypatch.setattr(sft, "sft_train", fake_sft_train)
     monkeypatch.setattr(sft, "logit_distill", fake_logit_distill)
+    monkeypatch.setattr(sft, "rank_drilled", lambda model, tokenizer, cfg, synth, live_dir: calls.append(
+        ("drill", cfg.steps, live_dir.name)))
     real_read = sft.read_rows  # the hard set is faked; the temporal questions are read from disk
     monkeypatch.setattr(sft, "read_rows", lambda path, required=(): (
         [{"prompt": "hard", "rationale": "Answer: 1"}] if path == sft.HARD else real_read(path, required=required)))
@@ -70,15 +73,16 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     def phases(cfg: SFTConfig, mixed: bool) -> list:
         calls.clear()
         phase1 = sft.mix_rows(cfg, rows)[:2] if mixed else None
-        sft.run(cfg, distill, None, tok, rows, [], tmp_path / "work", tmp_path / "live", phase1)
+        sft.run(cfg, distill, SynthesizeConfig(), None, tok, rows, [], tmp_path / "work", tmp_path / "live", phase1)
         return list(calls)
 
     cfg = SFTConfig(mix=0.5, max_train_samples=6, curriculum=True)
-    first, stage2, logits = phases(cfg, mixed=True)
+    first, stage2, logits, drill = phases(cfg, mixed=True)
     assert first[:2] == ("sft", 9) and len(first[2]) == 9 and first[2][:6] == [f"p{k}" for k in range(6)]
     assert all(p.startswith("Video") for p in first[2][6:])
     assert stage2 == ("sft", 6, ["hard"])  # the stage's own max_train_samples, no temporal rows
     assert logits == ("logits", None, [f"p{k}" for k in range(10)])
+    assert drill == ("drill", cfg.rank_drill.steps, "rank_drill")  # the ranking drill, last
     plain = cfg.model_copy(update={"mix": 0.0})
     assert phases(plain, mixed=True) == phases(plain, mixed=False)  # mix 0: as before sft.mix
     assert phases(plain, mixed=False)[0] == ("sft", 6, [f"p{k}" for k in range(10)])  # the trainer truncates
