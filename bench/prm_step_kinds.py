@@ -1,0 +1,48 @@
+"""python bench/prm_step_kinds.py [models/prm ...]
+
+Where is the PRM blind? Held-out AUROC per kind of step on the labelled lines
+of data/prm_data/val.parquet: a line's kind is the rationale template
+(pipeline/cof/verbalize.STEPS) its text matches ("The largest of them is
+{v}." -> max_one_object), "answer" for the `Answer:` line, "arithmetic/other"
+for the rest (sums, differences). Prints per kind the lines, the share right
+and the AUROC, most lines first. Needs data/prm_data and a PRM (`make run`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from pipeline.cof.verbalize import STEPS
+from pipeline.io import read_rows
+from pipeline.prm import PRMScorer, auroc, is_terminal
+
+# Templates that open with a slot ("{a} - {b} = {v}.") match almost any line: they count as arithmetic.
+KINDS = [(kind, re.compile("^" + ".*".join(re.escape(p) for p in re.split(r"\{[^}]*\}", text)) + "$"))
+         for kind, text in STEPS.items() if not text.startswith("{")]
+
+
+def step_kind(line: str) -> str:
+    if is_terminal(line):
+        return "answer"
+    body = re.sub(r"^Step \d+:\s*", "", line.strip())
+    return next((kind for kind, pattern in KINDS if pattern.match(body)), "arithmetic/other")
+
+
+def main() -> None:
+    rows = read_rows("data/prm_data/val.parquet", required=("prompt", "steps", "labels"))
+    for folder in sys.argv[1:] or ["models/prm"]:
+        scores = PRMScorer.load(folder, device="cpu").score([r["prompt"] for r in rows], [r["steps"] for r in rows])
+        by_kind: dict[str, list[tuple[float, float]]] = {}
+        for row, line_scores in zip(rows, scores):
+            for line, label, s in zip(row["steps"], row["labels"], line_scores):
+                by_kind.setdefault(step_kind(line), []).append((label, s))
+        print(folder)
+        for kind, pairs in sorted(by_kind.items(), key=lambda item: -len(item[1])):
+            area = auroc([y for y, _ in pairs], [s for _, s in pairs])
+            right = sum(y >= 0.5 for y, _ in pairs) / len(pairs)
+            print(f"  {kind:28s} lines {len(pairs):5d}  right {right:4.0%}  AUROC {'-' if area is None else round(area, 3)}")
+
+
+if __name__ == "__main__":
+    main()
