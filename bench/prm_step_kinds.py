@@ -2,7 +2,7 @@
 
 Where is the PRM blind? Held-out AUROC per kind of step on the labelled lines
 of data/prm_data/val.parquet: a line's kind is the rationale template
-(pipeline/cof/verbalize.STEPS) its text matches ("The largest of them is
+(pipeline/cof/verbalize.STEPS, read by pipeline.contrast.step_kind) its text matches ("The largest of them is
 {v}." -> max_one_object), "answer" for the `Answer:` line, "arithmetic/other"
 for the rest (sums, differences). Prints per kind the lines, the share right
 and the AUROC, most lines first. Needs data/prm_data and a PRM (`make run`).
@@ -10,23 +10,11 @@ and the AUROC, most lines first. Needs data/prm_data and a PRM (`make run`).
 
 from __future__ import annotations
 
-import re
 import sys
 
-from pipeline.cof.verbalize import STEPS
+from pipeline.contrast import step_kind
 from pipeline.io import read_rows
-from pipeline.prm import PRMScorer, auroc, is_terminal
-
-# Templates that open with a slot ("{a} - {b} = {v}.") match almost any line: they count as arithmetic.
-KINDS = [(kind, re.compile("^" + ".*".join(re.escape(p) for p in re.split(r"\{[^}]*\}", text)) + "$"))
-         for kind, text in STEPS.items() if not text.startswith("{")]
-
-
-def step_kind(line: str) -> str:
-    if is_terminal(line):
-        return "answer"
-    body = re.sub(r"^Step \d+:\s*", "", line.strip())
-    return next((kind for kind, pattern in KINDS if pattern.match(body)), "arithmetic/other")
+from pipeline.prm import PRMScorer, auroc
 
 
 def main() -> None:

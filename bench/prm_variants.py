@@ -6,14 +6,15 @@ held-out AUROC and within-question pair accuracy on data/prm_data/val.parquet
 first `--questions` test questions, all variants picking among the same N samples
 of the policy (`prm_data.policy`, at `evaluate.k_temperature`).
 
-Keys are `prm` params, and:
+Each variant trains on what the `prm` stage would under its params (labelled paths,
+`contrast` paths, gold chains), plus `perturbed` ones. Keys are `prm` params, and:
 - "perturbed": k adds, for each of `--perturbed-questions` training questions, its
   gold chain (every line 1) and k copies cut after one step whose value is changed
   (that step 0): contrast pairs that differ in one looked-up value;
 - "init": {base params} trains the PRM from a fresh LM of that size (vocabulary of
   models/base) SFT-trained on the gold rationales first ("epochs": SFT epochs,
   default `sft.num_train_epochs`; "sft": {other sft params}) instead of from the policy.
-Nothing under models/ or data/ changes. Needs data/prm_data and the policy (run `make run`).
+`--save DIR` keeps each PRM (DIR/prm-i). Nothing under models/ or data/ changes. Needs data/prm_data and the policy (run `make run`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pipeline.grading import step_value
 from pipeline.io import read_rows, sample_rows
 from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
 from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels, prm_from_policy
-from stages.prm import held_out
+from stages.prm import held_out, training_rows
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")
@@ -141,7 +142,9 @@ def main() -> None:
     parser.add_argument("variants", nargs="+", help="JSON objects of overrides")
     parser.add_argument("--questions", type=int, default=200, help="test questions for best-of-N")
     parser.add_argument("--perturbed-questions", type=int, default=3000)
-    parser.add_argument("--limit", type=int, default=None, help="the first N training paths per variant, prm_data's before any perturbed ones (smoke runs)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N training paths per variant, prm_data's before any contrast or perturbed ones, and the first N gold chains (smoke runs)")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="keep variant i's PRM in SAVE/prm-i (compare them with bench/prm_selection.py --prm)")
     parser.add_argument("--out", type=Path, default=None, help="also append one JSON line per variant to this file")
     args = parser.parse_args()
     no_dvclive()
@@ -174,13 +177,14 @@ def main() -> None:
             init, copies = variant.pop("init", None), variant.pop("perturbed", 0)
             cfg = base_cfg.model_copy(update=variant)
             PRMConfig.model_validate(cfg.model_dump())
-            rows = [r for r in train if r["source"] in cfg.sources]
+            rows, contrast, chains = training_rows(cfg)  # what the stage trains on, under these params
+            rows = rows + contrast
             if copies:
                 rng = random.Random(cfg.seed)
                 used = {r["id"] for r in train}
                 pool = sample_rows([q for q in questions if q["id"] not in used], args.perturbed_questions, rng)
                 rows = rows + perturbed_rows(pool, copies, rng)
-            rows = rows[: args.limit]
+            rows = rows[: args.limit] + chains[: args.limit]
             folder = init_model(init, Path(tmp), cache) if init else paths.model_dir(data_cfg.policy)
             start = time.perf_counter()  # the init's SFT is timed apart (it runs once per init, then is cached)
             torch.manual_seed(cfg.seed)
@@ -198,6 +202,8 @@ def main() -> None:
                                           aggregation=how)["prm_best_of_n"] for how in AGGREGATIONS},
             }
             print(json.dumps(result), flush=True)
+            if args.save:
+                save_model(model, tokenizer, args.save / f"prm-{i}")
             if args.out:
                 with args.out.open("a") as f:
                     f.write(json.dumps({"baseline": baseline, **result}) + "\n")

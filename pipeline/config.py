@@ -447,6 +447,9 @@ class PRMConfig(Section):
     )
     chain_weight: float = Field(1.0, ge=0, description="weight of next-token cross-entropy on the gold chains of "
                                 "data/prm_data/chains.parquet (0: no chains)")
+    contrast: int = Field(3, ge=0, description="contrast paths from the gold chains of data/prm_data/chains.parquet: "
+                          "at each choice step (a largest, a subset, a Yes/No, a count) the chain cut there, and up "
+                          "to this many copies with a wrong choice (pipeline/contrast.py; 0: none)")
     pair_weight: float = Field(0.0, ge=0, description="weight of the within-question ranking loss: a right path's "
                                "mean line score above a wrong one's of the same question (0: off)")
     extra_layers: int = Field(0, ge=0, description="decoder layers added on top of the policy's, each starting as "

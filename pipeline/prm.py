@@ -46,8 +46,9 @@ from pipeline.io import InputError
 EMPTY_SCORE = 0.0
 AGGREGATIONS = ("min", "last", "mean")
 # gold: 0/1 labels, BCE; mcts: log_boost(Q) in [0, 1], MSE; chain: a gold chain (data/prm_data/chains.parquet),
-# next-token cross-entropy on its lines instead of a verdict loss.
-LABEL_KINDS = {"gold": 0, "mcts": 1, "chain": 2}
+# next-token cross-entropy on its lines instead of a verdict loss; contrast: a gold chain cut at a choice step, right
+# or wrong there (pipeline/contrast.py), 0/1 labels like gold.
+LABEL_KINDS = {"gold": 0, "mcts": 1, "chain": 2, "contrast": 0}
 Span = tuple[int, int]  # a line's tokens: [first, last + 1)
 PRM_MARK = "prm_verdict"  # config.json key of a trained PRM: how its logits are read ("next_token")
 

@@ -7,7 +7,8 @@ on each token of a line (pipeline/prm.py). It is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
-the right step checks steps better; README, "What the PRM can check"). Scored on the held-out gold labels of
+the right step checks steps better; README, "What the PRM can check") and on contrast paths cut from those chains
+(`prm.contrast`: each choice step once right and up to that many times wrong, pipeline/contrast.py). Scored on the held-out gold labels of
 validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
@@ -17,12 +18,14 @@ calibration.json and calibration.png).
 
 from __future__ import annotations
 
+import random
 import shutil
 
 import torch
 
 from pipeline import paths
 from pipeline.config import PRMConfig, PRMDataConfig, load_section
+from pipeline.contrast import contrast_rows
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import load_tokenizer, save_model
@@ -84,24 +87,36 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
     return out
 
 
-def _flow(cfg: PRMConfig, policy: str) -> None:
-    train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
+def training_rows(cfg: PRMConfig) -> tuple[list[dict], list[dict], list[dict]]:
+    """What the PRM trains on: (labelled paths of `cfg.sources`, contrast paths, gold chains to write)."""
+    train_file = paths.split_file("train", "prm_data")
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
-    val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
     if not rows:
         raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
     chains_file = paths.stage_data("prm_data") / "chains.parquet"
-    chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) if cfg.chain_weight else []
+    chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) if cfg.chain_weight or cfg.contrast else []
+    contrast = contrast_rows(chains, cfg.contrast, random.Random(cfg.seed)) if cfg.contrast else []
+    return rows, contrast, chains if cfg.chain_weight else []
+
+
+def _flow(cfg: PRMConfig, policy: str) -> None:
+    train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
+    rows, contrast, chains = training_rows(cfg)
+    val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
+    chains_file = paths.stage_data("prm_data") / "chains.parquet"
     policy_dir = paths.model_dir(policy)
     torch.manual_seed(cfg.seed)  # the data order
     tokenizer = load_tokenizer(policy_dir)
     model = prm_from_policy(policy_dir, cfg.extra_layers)
     out_dir = paths.model_dir("prm")
     with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
-        metrics = prm_train(cfg, model, tokenizer, rows + chains, out / ".trainer", live)
+        metrics = prm_train(cfg, model, tokenizer, rows + contrast + chains, out / ".trainer", live)
         metrics["sources"] = {s: sum(r["source"] == s for r in rows) for s in cfg.sources}
         if chains:
             metrics["sources"]["chain"] = len(chains)
+        if contrast:
+            metrics["sources"]["contrast"] = len(contrast)
+            metrics["contrast_wrong"] = sum(r["labels"][-1] < 0.5 for r in contrast)
         metrics["held_out"], table = held_out(PRMScorer(model, tokenizer, cfg.batch_size), val)
         # The headline numbers flat, for `dvc metrics diff`.
         metrics.update({k: metrics["held_out"][k] for k in ("auroc", "accuracy", "ece")})
@@ -109,7 +124,7 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
                             metrics["accuracy"], metrics["ece"], metrics["held_out"]["lines"])
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)
-        inputs = [policy_dir, train_file, val_file] + ([chains_file] if chains else [])
+        inputs = [policy_dir, train_file, val_file] + ([chains_file] if chains or contrast else [])
         write_manifest(out, "prm", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics, policy=policy)
         write_json(live / "calibration.json", table)
         reliability_chart(table, live / "calibration.png",

@@ -245,6 +245,17 @@ def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspac
     assert "rank_drill" not in metrics  # the policy it starts from drilled in `sft`
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
     assert metrics["sources"]["chain"] == 32 and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
+    # Contrast paths cut from those 32 chains (prm.contrast of params.yaml): each choice step right once, then wrong.
+    import random
+
+    from pipeline.config import PRMConfig, load_section
+    from pipeline.contrast import contrast_rows
+
+    cfg = load_section("prm", PRMConfig)
+    contrast = contrast_rows(read_rows(paths.stage_data("prm_data") / "chains.parquet"), cfg.contrast,
+                             random.Random(cfg.seed))
+    assert cfg.contrast > 0 and metrics["sources"]["contrast"] == len(contrast) > 0
+    assert 0 < metrics["contrast_wrong"] == sum(r["labels"][-1] == 0.0 for r in contrast) < len(contrast)
     assert metrics["held_out"]["lines"] == sum(len(r["labels"]) for r in read_rows(paths.split_file("val", "prm_data")))
     assert metrics["auroc"] is None or 0.0 <= metrics["auroc"] <= 1.0
     assert 0.0 <= metrics["accuracy"] <= 1.0
