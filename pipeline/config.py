@@ -457,7 +457,7 @@ class PRMConfig(Section):
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
-    num_train_epochs: float = Field(2.0, gt=0, description="passes over the labelled paths")
+    num_train_epochs: float = Field(3.0, gt=0, description="passes over the labelled paths")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
