@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from itertools import combinations
 
 from pipeline.cof.verbalize import STEPS
+from pipeline.grading import step_value
 from pipeline.prm import is_terminal
 
 # One object of the list a step wrote, "Norway 4" (a key of one or more words, then its value).
@@ -36,10 +37,9 @@ CHOICES = ONE + SUBSET + YES_NO + COUNT
 
 
 def _pattern(text: str) -> re.Pattern:
-    """A template as a regex: `{v}` captured, any other slot matched loosely."""
-    parts = re.split(r"(\{[^}]*\})", text)
-    body = "".join("(?P<v>.+)" if p == "{v}" else ".+?" if p.startswith("{") else re.escape(p) for p in parts)
-    return re.compile("^" + body + "$")
+    """A template as a regex, every slot matched loosely."""
+    return re.compile("^" + "".join(".+?" if p.startswith("{") else re.escape(p)
+                                    for p in re.split(r"(\{[^}]*\})", text)) + "$")
 
 
 # Templates that open with a slot ("{a} - {b} = {v}.") match almost any line: they count as arithmetic.
@@ -51,25 +51,14 @@ def step_kind(line: str) -> str:
     "answer" for the `Answer:` line, "arithmetic/other" for the rest."""
     if is_terminal(line):
         return "answer"
-    body = _body(line)
+    body = re.sub(r"^Step \d+:\s*", "", line.strip())
     return next((kind for kind, pattern in TEMPLATES.items() if pattern.match(body)), "arithmetic/other")
-
-
-def _body(line: str) -> str:
-    return re.sub(r"^Step \d+:\s*", "", line.strip())
-
-
-def _value(line: str, kind: str) -> re.Match | None:
-    return TEMPLATES[kind].match(_body(line)) if kind in TEMPLATES else None
 
 
 def listed(line: str) -> list[str]:
     """The objects a step's value lists ("Select all bars: Norway 4, Egypt 13." -> ["Norway 4", "Egypt 13"]);
     empty when its value is not such a list."""
-    match = _value(line, step_kind(line))
-    if not match:
-        return []
-    items = [item.strip() for item in match.group("v").split(",")]
+    items = [item.strip() for item in (step_value(line) or "").split(",")]
     return items if all(ITEM.match(item) for item in items) else []
 
 
@@ -84,11 +73,12 @@ def wrong_choices(previous: str, line: str, rng: random.Random, limit: int) -> l
     objects of equal value either is right. Subsets are drawn at the right size and one
     larger or smaller.
     """
-    kind = step_kind(line)
-    match = _value(line, kind)
-    if kind not in CHOICES or not match:
+    return _wrong(step_kind(line), step_value(line), previous, rng, limit)
+
+
+def _wrong(kind: str, value: str | None, previous: str, rng: random.Random, limit: int) -> list[str]:
+    if kind not in CHOICES or not value:
         return []
-    value = match.group("v")
     if kind in YES_NO:
         return {"Yes": ["No"], "No": ["Yes"]}.get(value, [])[:limit]
     if kind in COUNT:
@@ -119,13 +109,12 @@ def contrast_rows(chains: Sequence[dict], per_step: int, rng: random.Random) -> 
     for chain in chains:
         steps = list(chain["steps"])
         for k in range(1, len(steps)):
-            wrong = wrong_choices(steps[k - 1], steps[k], rng, per_step)
+            line = steps[k].strip()
+            value = step_value(line)  # the line ends with it, and a "." after it
+            wrong = _wrong(step_kind(line), value, steps[k - 1], rng, per_step)
             if not wrong:
                 continue
-            line = steps[k].strip()
-            offset = len(line) - len(_body(line))  # "Step 3: "
-            match = _value(line, step_kind(line))
-            head, tail = line[: offset + match.start("v")], line[offset + match.end("v"):]
+            head, tail = line[: line.rstrip(".").rfind(value)], line[len(line.rstrip(".")):]
             base = {"id": chain["id"], "prompt": chain["prompt"], "source": "contrast",
                     "task_type": chain.get("task_type")}
             rows.append({**base, "steps": steps[: k + 1], "labels": [1.0] * (k + 1)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline import paths
+from pipeline.config import PRMConfig, load_section
+from pipeline.contrast import contrast_rows
 from pipeline.io import EXAMPLE_COLUMNS, read_rows
 from tests.conftest import TINY_PARAMS, write_params
 
@@ -246,11 +249,6 @@ def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspac
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
     assert metrics["sources"]["chain"] == 32 and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
     # Contrast paths cut from those 32 chains (prm.contrast of params.yaml): each choice step right once, then wrong.
-    import random
-
-    from pipeline.config import PRMConfig, load_section
-    from pipeline.contrast import contrast_rows
-
     cfg = load_section("prm", PRMConfig)
     contrast = contrast_rows(read_rows(paths.stage_data("prm_data") / "chains.parquet"), cfg.contrast,
                              random.Random(cfg.seed))
