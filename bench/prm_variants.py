@@ -11,6 +11,8 @@ Each variant trains on what the `prm` stage would under its params (labelled pat
 - "perturbed": k adds, for each of `--perturbed-questions` training questions, its
   gold chain (every line 1) and k copies cut after one step whose value is changed
   (that step 0): contrast pairs that differ in one looked-up value;
+- "chain_questions": k adds the gold chains of k more new questions, the ones
+  `prm_data.chain_questions` = k would add (to the chain loss and the contrast paths);
 - "init": {base params} trains the PRM from a fresh LM of that size (vocabulary of
   models/base) SFT-trained on the gold rationales first ("epochs": SFT epochs,
   default `sft.num_train_epochs`; "sft": {other sft params}) instead of from the policy.
@@ -32,7 +34,9 @@ import torch
 from transformers import TrainerCallback
 
 from pipeline import paths, training
-from pipeline.config import BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig, load_section
+from pipeline.cof.generate import more_train_questions
+from pipeline.config import (BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig,
+                             SynthesizeConfig, load_section)
 from pipeline.decoding import Decoder
 from pipeline.evaluation import score
 from pipeline.generation import LocalSampler
@@ -41,6 +45,7 @@ from pipeline.io import read_rows, sample_rows
 from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
 from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels, prm_from_policy
 from stages.prm import held_out, training_rows
+from stages.prm_data import chain_rows
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")
@@ -100,6 +105,15 @@ def perturbed_rows(questions: list[dict], copies: int, rng: random.Random) -> li
             path = steps[:k] + [wrong]
             out.append({"prompt": q["prompt"], "steps": path, "labels": line_labels(path, q), "source": "gold"})
     return out
+
+
+def extra_chains(data_cfg: PRMDataConfig, k: int) -> list[dict]:
+    """The gold chains that `prm_data.chain_questions` + k would add to chains.parquet (the generator's next k)."""
+    if not k:
+        return []
+    have = data_cfg.gold_questions + data_cfg.mcts_questions + data_cfg.chain_questions
+    synth = load_section("synthesize", SynthesizeConfig)
+    return chain_rows(more_train_questions(synth, have + k, data_cfg.question_seed, prefix="prm")[have:])
 
 
 def no_dvclive() -> None:
@@ -175,9 +189,10 @@ def main() -> None:
         for i, text in enumerate(args.variants):
             variant = json.loads(text)
             init, copies = variant.pop("init", None), variant.pop("perturbed", 0)
+            more_chains = extra_chains(data_cfg, variant.pop("chain_questions", 0))
             cfg = base_cfg.model_copy(update=variant)
             PRMConfig.model_validate(cfg.model_dump())
-            rows, contrast, chains = training_rows(cfg)  # what the stage trains on, under these params
+            rows, contrast, chains = training_rows(cfg, more_chains)  # what the stage trains on, under these params
             rows = rows + contrast
             if copies:
                 rng = random.Random(cfg.seed)
@@ -188,7 +203,7 @@ def main() -> None:
             folder = init_model(init, Path(tmp), cache) if init else paths.model_dir(data_cfg.policy)
             start = time.perf_counter()  # the init's SFT is timed apart (it runs once per init, then is cached)
             torch.manual_seed(cfg.seed)
-            model = prm_from_policy(folder).to(default_device())
+            model = prm_from_policy(folder, cfg.extra_layers).to(default_device())
             trained = training.prm_train(cfg, model, tokenizer, rows, Path(tmp) / f"prm-{i}", Path(tmp) / "live")
             scorer = PRMScorer(model, tokenizer, cfg.batch_size)
             metrics, _ = held_out(scorer, val)

@@ -87,14 +87,19 @@ def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
     return out
 
 
-def training_rows(cfg: PRMConfig) -> tuple[list[dict], list[dict], list[dict]]:
-    """What the PRM trains on: (labelled paths of `cfg.sources`, contrast paths, gold chains to write)."""
+def training_rows(cfg: PRMConfig, more_chains: list[dict] = ()) -> tuple[list[dict], list[dict], list[dict]]:
+    """What the PRM trains on: (labelled paths of `cfg.sources`, contrast paths, gold chains to write).
+
+    `more_chains` are appended to chains.parquet's, as `prm_data.chain_questions` would add them (bench/prm_variants.py).
+    """
     train_file = paths.split_file("train", "prm_data")
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
     if not rows:
         raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
     chains_file = paths.stage_data("prm_data") / "chains.parquet"
-    chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) if cfg.chain_weight or cfg.contrast else []
+    chains = []
+    if cfg.chain_weight or cfg.contrast:
+        chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) + list(more_chains)
     contrast = contrast_rows(chains, cfg.contrast, random.Random(cfg.seed)) if cfg.contrast else []
     return rows, contrast, chains if cfg.chain_weight else []
 
