@@ -34,7 +34,6 @@ import torch
 from transformers import TrainerCallback
 
 from pipeline import paths, training
-from pipeline.cof.generate import more_train_questions
 from pipeline.config import (BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig,
                              SynthesizeConfig, load_section)
 from pipeline.decoding import Decoder
@@ -45,7 +44,7 @@ from pipeline.io import read_rows, sample_rows
 from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
 from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels, prm_from_policy
 from stages.prm import held_out, training_rows
-from stages.prm_data import chain_rows
+from stages.prm_data import chain_rows, new_questions
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")
@@ -111,9 +110,8 @@ def extra_chains(data_cfg: PRMDataConfig, k: int) -> list[dict]:
     """The gold chains that `prm_data.chain_questions` + k would add to chains.parquet (the generator's next k)."""
     if not k:
         return []
-    have = data_cfg.gold_questions + data_cfg.mcts_questions + data_cfg.chain_questions
-    synth = load_section("synthesize", SynthesizeConfig)
-    return chain_rows(more_train_questions(synth, have + k, data_cfg.question_seed, prefix="prm")[have:])
+    more = data_cfg.model_copy(update={"chain_questions": data_cfg.chain_questions + k})
+    return chain_rows(new_questions(more, load_section("synthesize", SynthesizeConfig))[-k:])
 
 
 def no_dvclive() -> None:

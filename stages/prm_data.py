@@ -114,6 +114,12 @@ def agreement(rows: list[dict], by_id: dict[str, dict]) -> dict:
     return {"lines": len(gold), "agreement": round(agree, 4), "auroc": None if area is None else round(area, 4)}
 
 
+def new_questions(cfg: PRMDataConfig, synth: SynthesizeConfig) -> list[dict]:
+    """The stage's new training questions, in order: `gold_questions`, `mcts_questions`, then `chain_questions`."""
+    return more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions + cfg.chain_questions,
+                                cfg.question_seed, prefix="prm")
+
+
 def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     val_file, model_dir = paths.split_file("val"), paths.model_dir(cfg.policy)
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
@@ -121,8 +127,7 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     rng = random.Random(cfg.seed)
     # No question text of val or test among them (the generator's split hash sees to that), and none of the
     # default run's 12,100 shares a table with train.parquet (checked once; tables are random draws).
-    fresh = more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions + cfg.chain_questions,
-                                 cfg.question_seed, prefix="prm")
+    fresh = new_questions(cfg, synth)
     gold_q = fresh[: cfg.gold_questions]
     mcts_q = fresh[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions]
     chains = chain_rows(fresh)
