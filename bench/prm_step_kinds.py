@@ -10,7 +10,7 @@ and the AUROC, most lines first. Needs data/prm_data and a PRM (`make run`).
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 from pipeline.contrast import step_kind
 from pipeline.io import read_rows
@@ -18,8 +18,11 @@ from pipeline.prm import PRMScorer, auroc
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    parser.add_argument("prms", nargs="*", default=["models/prm"], help="PRM folders (default: models/prm)")
+    args = parser.parse_args()
     rows = read_rows("data/prm_data/val.parquet", required=("prompt", "steps", "labels"))
-    for folder in sys.argv[1:] or ["models/prm"]:
+    for folder in args.prms:
         scores = PRMScorer.load(folder, device="cpu").score([r["prompt"] for r in rows], [r["steps"] for r in rows])
         by_kind: dict[str, list[tuple[float, float]]] = {}
         for row, line_scores in zip(rows, scores):
