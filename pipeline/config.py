@@ -426,7 +426,7 @@ class PRMDataConfig(Section):
     max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
     batch_size: int = Field(512, ge=1, description="sequences generated together")
     mcts_questions: int = Field(100, ge=0, description="MCTS labels: other new questions searched (0: gold labels only)")
-    chain_questions: int = Field(12000, ge=0, description="more new questions that give only their gold chain "
+    chain_questions: int = Field(24000, ge=0, description="more new questions that give only their gold chain "
                                  "(chains.parquet holds the chains of every new question)")
     iterations: int = Field(8, ge=1, description="MCTS iterations per question (PROPA: 20)")
     children: int = Field(4, ge=1, description="candidate next steps per expansion")
