@@ -28,6 +28,11 @@ def split_file(split: str, stage: str = "synthesize") -> Path:
     return stage_data(stage) / f"{split}.parquet"
 
 
+def prm_chains_file() -> Path:
+    """The gold chain of every new `prm_data` question, which `prm` learns to write and cuts contrast paths from."""
+    return stage_data("prm_data") / "chains.parquet"
+
+
 def charts_dir() -> Path:
     """Rendered chart PNGs, inside the synthesize output so DVC tracks them together."""
     return stage_data("synthesize") / "charts"

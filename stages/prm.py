@@ -96,7 +96,7 @@ def training_rows(cfg: PRMConfig, more_chains: list[dict] = ()) -> tuple[list[di
     rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
     if not rows:
         raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
-    chains_file = paths.stage_data("prm_data") / "chains.parquet"
+    chains_file = paths.prm_chains_file()
     chains = []
     if cfg.chain_weight or cfg.contrast:
         chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) + list(more_chains)
@@ -108,7 +108,7 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
     rows, contrast, chains = training_rows(cfg)
     val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
-    chains_file = paths.stage_data("prm_data") / "chains.parquet"
+    chains_file = paths.prm_chains_file()
     policy_dir = paths.model_dir(policy)
     torch.manual_seed(cfg.seed)  # the data order
     tokenizer = load_tokenizer(policy_dir)

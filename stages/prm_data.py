@@ -125,8 +125,9 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
     model, tokenizer = load_model(model_dir)
     rng = random.Random(cfg.seed)
-    # No question text of val or test among them (the generator's split hash sees to that), and none of the
-    # default run's 12,100 shares a table with train.parquet (checked once; tables are random draws).
+    # No question text of val or test among them (the generator's split hash sees to that). Of the default run's
+    # 36,100, none of the 12,100 that give labels shares a chart (header and table) with train.parquet and 2 of
+    # the chain-only ones do (checked once; tables are random draws).
     fresh = new_questions(cfg, synth)
     gold_q = fresh[: cfg.gold_questions]
     mcts_q = fresh[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions]
@@ -162,7 +163,7 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     with atomic_dir(paths.stage_data("prm_data")) as out:
         write_rows(out / "train.parquet", gold_train + searched, schema=STEP_LABEL_SCHEMA)
         write_rows(out / "val.parquet", gold_val, schema=STEP_LABEL_SCHEMA)
-        write_rows(out / "chains.parquet", chains, schema=STEP_LABEL_SCHEMA)
+        write_rows(out / paths.prm_chains_file().name, chains, schema=STEP_LABEL_SCHEMA)
         write_manifest(out, "prm_data", cfg, inputs=[model_dir, val_file], counts=metrics)
     with atomic_dir(paths.live_dir("prm_data")) as out:
         shares = {f"{source} (>= 0.5)": metrics[source]["share_at_least_half"] or 0.0 for source in ("gold", "mcts")}
