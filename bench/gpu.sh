@@ -43,8 +43,8 @@ import torch, transformers, trl, datasets, pyarrow, pydantic
 print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"-\")
 print(\"transformers\", transformers.__version__, \"trl\", trl.__version__, \"datasets\", datasets.__version__, \"pyarrow\", pyarrow.__version__, \"pydantic\", pydantic.__version__)"'
 part pytest 120 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/test_generation.py -q -p no:cacheprovider
-part prm_scoring 60 python3 bench/prm_scoring.py --repeats 2
-part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512
+part prm_scoring 90 python3 bench/prm_scoring.py --repeats 2
+part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512 --workloads heldout best_of_n
 part prm_variants 300 python3 bench/prm_variants.py --questions 300 --out "$OUT/prm_variants.jsonl" \
   '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"perturbed": 2, "num_train_epochs": 4}' \
   '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}}' \

@@ -1,14 +1,26 @@
-"""python bench/prm_scoring.py [--paths 512] [--repeats 3]
+"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] [--paths 512] [--repeats 3] [--batch N]
 
 PRM scoring throughput, side by side in one process on the same PRM and the same
-candidate solutions (the held-out step-label paths of data/prm_data/val.parquet):
+candidates:
 1. the pipeline's batched scorer (pipeline.prm.PRMScorer: batches of
    `evaluate.decoding.prm_batch_size` paths, every line of every path scored in one
    forward pass, the prefix that paths of one prompt share read once);
 2. baseline: the same scorer with batch size 1, one candidate at a time (one plain
-   forward pass per candidate: a lone path shares nothing).
-Checks that both give the same scores, then prints candidates/s of each, the tokens
-each read, and the ratio (best of `--repeats`). Needs models/prm and data/prm_data (run `make run` first).
+   forward pass per candidate: a lone path shares nothing; both read equal pairs
+   of one call once).
+
+Workloads (each a list of scoring calls, replayed in order by both scorers):
+- `heldout`: the first `--paths` held-out step-label paths of data/prm_data/val.parquet,
+  one call (few paths per prompt);
+- `best_of_n`: the N samples per question that `evaluate` scores for PRM best-of-N
+  (`--policy` sampled at `evaluate.k_temperature` on the first `--questions` test
+  questions), one call, as `Decoder` makes it;
+- `beam`, `mcts`: the calls that step-level beam search and PRM-MCTS make (one per
+  depth or iteration: the candidate lines of every question, each with the lines above
+  it), recorded while `--policy` runs the search with `evaluate.decoding`'s settings.
+Checks that both scorers give the same scores, then prints, per workload, candidates/s
+of each, the tokens each read, and the ratio (best of `--repeats`). Needs models/prm,
+data/prm_data, data/synthesize and models/<policy> (run `make run` first).
 """
 
 from __future__ import annotations
@@ -20,40 +32,94 @@ import torch
 
 from pipeline import paths
 from pipeline.config import EvaluateConfig, load_section
+from pipeline.generation import LocalSampler
 from pipeline.io import read_rows
-from pipeline.prm import PRMScorer
+from pipeline.models import load_model
+from pipeline.prm import PRMScorer, scored_lines
+from pipeline.search import StepPolicy, beam_search, prm_mcts
+
+WORKLOADS = ("heldout", "best_of_n", "beam", "mcts")
+Call = tuple[list[str], list[tuple[str, ...]]]
 
 
-def throughput(scorer: PRMScorer, rows: list[dict], repeats: int) -> tuple[float, list[list[float]]]:
-    best, scores = float("inf"), []
+class Recorder:
+    """A scorer that keeps every call it gets (what a search asks the PRM) and answers with the real one."""
+
+    def __init__(self, scorer: PRMScorer) -> None:
+        self.scorer, self.calls = scorer, []
+
+    def score(self, prompts, lines) -> list[list[float]]:
+        self.calls.append((list(prompts), [tuple(ls) for ls in lines]))
+        return self.scorer.score(prompts, lines)
+
+
+def workload_calls(names: list[str], args, cfg: EvaluateConfig, scorer: PRMScorer) -> dict[str, list[Call]]:
+    out: dict[str, list[Call]] = {}
+    if "heldout" in names:
+        rows = read_rows(paths.split_file("val", "prm_data"))[: args.paths]
+        out["heldout"] = [([r["prompt"] for r in rows], [tuple(r["steps"]) for r in rows])]
+    searched = [n for n in names if n != "heldout"]
+    if not searched:
+        return out
+    d = cfg.decoding
+    prompts = [r["prompt"] for r in read_rows(paths.split_file("test"))[: args.questions]]
+    model, tokenizer = load_model(paths.model_dir(args.policy))
+    if "best_of_n" in searched:
+        samples = LocalSampler(model, tokenizer, cfg.batch_size).sample(
+            prompts, n=d.n, temperature=cfg.k_temperature, max_new_tokens=cfg.max_new_tokens, seed=0)
+        out["best_of_n"] = [([p for p, gens in zip(prompts, samples) for _ in gens],
+                             [tuple(scored_lines(g.text)) for gens in samples for g in gens])]
+    policy = StepPolicy(model, tokenizer, batch_size=d.step_batch_size, step_tokens=d.step_tokens,
+                        completion_tokens=cfg.max_new_tokens, temperature=cfg.k_temperature)
+    if "beam" in searched:
+        recorder = Recorder(scorer)
+        beam_search(prompts, policy, recorder.score, n=d.n, width=d.beam_width, max_steps=d.max_steps,
+                    how=d.aggregation)
+        out["beam"] = recorder.calls
+    if "mcts" in searched:
+        recorder = Recorder(scorer)
+        prm_mcts(prompts, policy, recorder.score, iterations=d.mcts_iterations, children=d.mcts_children,
+                 c=d.ucb_c, max_steps=d.max_steps)
+        out["mcts"] = recorder.calls
+    return out
+
+
+def replay(scorer: PRMScorer, calls: list[Call], repeats: int) -> tuple[float, int, list[list[float]]]:
+    """(best seconds over `repeats`, tokens read per replay, the scores of the last replay)."""
+    best, scores, before = float("inf"), [], scorer.tokens
     for _ in range(repeats):
         start = time.perf_counter()
-        scores = scorer.score([r["prompt"] for r in rows], [r["steps"] for r in rows])
+        scores = [s for prompts, lines in calls for s in scorer.score(prompts, lines)]
         best = min(best, time.perf_counter() - start)
-    return len(rows) / best, scores
+    return best, (scorer.tokens - before) // repeats, scores
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paths", type=int, default=512, help="candidate solutions scored")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the best counts")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--paths", type=int, default=512, help="held-out paths scored (heldout)")
+    parser.add_argument("--questions", type=int, default=100, help="test questions searched (the other workloads)")
+    parser.add_argument("--policy", default="sft", help="the model under models/ whose samples and searches are scored")
+    parser.add_argument("--repeats", type=int, default=3, help="timed replays of each; the best counts")
     parser.add_argument("--batch", type=int, default=None, help="paths per batch (default: evaluate's prm_batch_size)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    batch = args.batch or load_section("evaluate", EvaluateConfig).decoding.prm_batch_size
-    rows = read_rows(paths.split_file("val", "prm_data"))[: args.paths]
+    cfg = load_section("evaluate", EvaluateConfig)
+    batch = args.batch or cfg.decoding.prm_batch_size
     batched = PRMScorer.load(paths.model_dir("prm"), batch_size=batch)
     single = PRMScorer(batched.model, batched.tokenizer, batch_size=1)
-    fast, fast_scores = throughput(batched, rows, args.repeats)
-    slow, slow_scores = throughput(single, rows, args.repeats)
-    read = {name: scorer.tokens // args.repeats for name, scorer in (("batched", batched), ("single", single))}
-    worst = max(abs(a - b) for x, y in zip(fast_scores, slow_scores) for a, b in zip(x, y))
-    lines = sum(len(r["steps"]) for r in rows)
-    print(f"{len(rows)} candidate solutions ({lines} scored lines) on {batched.model.device}, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"batched (batch {batch}):   {fast:8.1f} candidates/s, {read['batched']} tokens read")
-    print(f"one at a time:        {slow:8.1f} candidates/s, {read['single']} tokens read")
-    print(f"ratio: {fast / slow:.2f}x  (largest score difference {worst:.2e})")
+    workloads = workload_calls(args.workloads, args, cfg, batched)
+    print(f"PRM on {batched.model.device}, torch threads {torch.get_num_threads()}, batch {batch}")
+    print(f"{'workload':10} {'calls':>5} {'candidates':>10} {'lines':>6}  {'batched c/s':>11} {'tokens':>7}  "
+          f"{'single c/s':>10} {'tokens':>7}  ratio  max |diff|")
+    for name, calls in workloads.items():
+        fast, fast_read, fast_scores = replay(batched, calls, args.repeats)
+        slow, slow_read, slow_scores = replay(single, calls, args.repeats)
+        worst = max((abs(a - b) for x, y in zip(fast_scores, slow_scores) for a, b in zip(x, y)), default=0.0)
+        n = sum(len(prompts) for prompts, _ in calls)
+        lines = sum(len(ls) for _, paths_ in calls for ls in paths_)
+        print(f"{name:10} {len(calls):5d} {n:10d} {lines:6d}  {n / fast:11.1f} {fast_read:7d}  "
+              f"{n / slow:10.1f} {slow_read:7d}  {slow / fast:4.2f}x  {worst:.1e}")
 
 
 if __name__ == "__main__":

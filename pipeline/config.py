@@ -459,6 +459,8 @@ class PRMConfig(Section):
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
     num_train_epochs: float = Field(3.0, gt=0, description="passes over the labelled paths")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
+    group_by_length: bool = Field(False, description="batch paths of similar length (transformers' length-grouped "
+                                  "sampler: less padding); not with pair_weight, whose batches hold a question's paths")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
     logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")

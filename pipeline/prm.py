@@ -341,22 +341,34 @@ class PRMScorer:
         for i in unique:
             if encoded[i][1]:
                 groups.setdefault(prompts[i], []).append(i)
+        # The tokens a prompt's pairs share. A group that a batch boundary splits keeps at least the whole group's cut
+        # in both batches: read as one piece, a member left alone would pad the batch's own tokens to its length.
+        cut_of_prompt = {prompt: shared_prefix([encoded[i][0] for i in group]) if len(group) > 1 else 0
+                         for prompt, group in groups.items()}
+
         # A group stays contiguous (its prefix is read once per batch); groups whose own tokens are about as long
         # sit side by side, since those are what the batch pads (a lone pair's own tokens are all of its tokens).
         def own_tokens(group: list[int]) -> int:
-            cut = shared_prefix([encoded[i][0] for i in group]) if len(group) > 1 else 0
-            return max(len(encoded[i][0]) for i in group) - cut
+            return max(len(encoded[i][0]) for i in group) - cut_of_prompt[prompts[group[0]]]
 
         order = [i for g in sorted(groups.values(), key=own_tokens) for i in g]
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
             owners = [prompts[i] for i in batch]
-            for i, probs in zip(batch, self._forward([encoded[i] for i in batch], owners)):
+            members: dict[str, list[int]] = {}
+            for i in batch:
+                members.setdefault(prompts[i], []).append(i)
+            cut = {p: shared_prefix([encoded[i][0] for i in rows]) if len(rows) > 1 else cut_of_prompt[p]
+                   for p, rows in members.items()}
+            cuts = [cut[p] for p in owners] if len(batch) > 1 else [0]  # a batch of one: one piece
+            for i, probs in zip(batch, self._forward([encoded[i] for i in batch], owners, cuts)):
                 out[i] = probs
         return [list(out[i]) for i in same]
 
-    def _forward(self, pairs: Sequence[tuple[list[int], list[Span]]], owners: Sequence[str]) -> list[list[float]]:
-        """Line scores of one batch: each owner's shared prefix once (left-padded), then every pair's own tokens."""
+    def _forward(self, pairs: Sequence[tuple[list[int], list[Span]]], owners: Sequence[str],
+                 cut_of: Sequence[int]) -> list[list[float]]:
+        """Line scores of one batch: each owner's shared prefix (its first `cut_of` tokens) once, left-padded, then
+        every pair's own tokens."""
         from transformers import DynamicCache
 
         device = self.model.device
@@ -364,30 +376,33 @@ class PRMScorer:
         for row, owner in enumerate(owners):
             members.setdefault(owner, []).append(row)
         groups = list(members.values())
-        # A pair alone has nothing to share: it is read in one piece.
-        cuts = [shared_prefix([pairs[r][0] for r in rows]) if len(rows) > 1 else 0 for rows in groups]
+        cuts = [cut_of[rows[0]] for rows in groups]
         group_of = [0] * len(pairs)
         for g, rows in enumerate(groups):
             for r in rows:
                 group_of[r] = g
-        cut_of = [cuts[g] for g in group_of]
-        rows_of_groups = torch.tensor(group_of)  # row r of the batch takes its group's prefix (cache and mask)
+        sharing = [g for g, cut in enumerate(cuts) if cut]  # the groups with a prefix: only those run the first pass
+        # Row r of the batch takes its group's prefix (cache and mask); a group without one borrows any cache row
+        # (the first), all of whose columns its mask hides.
+        slot = {g: k for k, g in enumerate(sharing)}
+        rows_of_prefixes = torch.tensor([slot.get(g, 0) for g in group_of])
         prefix_ids, prefix_mask = pad([pairs[rows[0]][0][:cut] for rows, cut in zip(groups, cuts)], self.pad_id,
                                       left=True)
         rest_ids, rest_mask = pad([ids[cut:] for (ids, _), cut in zip(pairs, cut_of)], self.pad_id)
         width = prefix_ids.shape[1]
-        cache, prefix_verdicts = None, torch.zeros((len(groups), 0))
+        cache, prefix_verdicts = None, torch.zeros((len(groups), width))
         if width:
             # Left padding: every prefix ends at the last column, so the pairs' own tokens follow on directly.
             cache = DynamicCache(config=self.model.config)
-            positions = (prefix_mask.cumsum(1) - 1).clamp(min=0)
-            prefix_ids = prefix_ids.to(device)
-            prefix_logits = self.model(input_ids=prefix_ids, attention_mask=prefix_mask.to(device),
+            ids, mask = prefix_ids[sharing], prefix_mask[sharing]
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+            ids = ids.to(device)
+            prefix_logits = self.model(input_ids=ids, attention_mask=mask.to(device),
                                        position_ids=positions.to(device), cache=cache, use_cache=True).logits
-            prefix_verdicts = token_verdicts(prefix_logits, prefix_ids).cpu()
-            last = prefix_logits[:, -1:][rows_of_groups.to(device)]  # the logits before each pair's first own token
-            cache.batch_select_indices(rows_of_groups.to(device))  # one cache row per pair
-        mask = torch.cat([prefix_mask[rows_of_groups], rest_mask], dim=1)
+            prefix_verdicts[sharing] = token_verdicts(prefix_logits, ids).cpu()
+            last = prefix_logits[:, -1:][rows_of_prefixes.to(device)]  # the logits before each pair's first own token
+            cache.batch_select_indices(rows_of_prefixes.to(device))  # one cache row per pair
+        mask = torch.cat([prefix_mask[torch.tensor(group_of)], rest_mask], dim=1)
         positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_ids.shape[1]).unsqueeze(0)
         rest_ids = rest_ids.to(device)
         rest_logits = self.model(input_ids=rest_ids, attention_mask=mask.to(device), position_ids=positions.to(device),

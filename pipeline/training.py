@@ -276,7 +276,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
             too_long += 1
             continue
         features.append({"input_ids": ids, "spans": spans, "line_labels": list(r["labels"]),
-                         "kind": LABEL_KINDS[r["source"]]})
+                         "kind": LABEL_KINDS[r["source"]], "length": len(ids)})
         if cfg.pair_weight:  # a question's sampled paths and its gold chain share its id
             features[-1]["question"] = question_index.setdefault(r["id"], len(question_index))
             features[-1]["outcome"] = path_outcome(r["steps"], r["labels"], r["source"])
@@ -288,6 +288,8 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         warmup_steps=cfg.warmup_steps,
         num_train_epochs=cfg.num_train_epochs,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
+        # The lengths come from the features' `length` (the sampler would otherwise read every row's input_ids).
+        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
         weight_decay=cfg.weight_decay,
         logging_steps=cfg.logging_steps,
         save_strategy="no",
