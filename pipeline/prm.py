@@ -355,20 +355,17 @@ class PRMScorer:
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
             owners = [prompts[i] for i in batch]
-            members: dict[str, list[int]] = {}
-            for i in batch:
-                members.setdefault(prompts[i], []).append(i)
-            cut = {p: shared_prefix([encoded[i][0] for i in rows]) if len(rows) > 1 else cut_of_prompt[p]
-                   for p, rows in members.items()}
-            cuts = [cut[p] for p in owners] if len(batch) > 1 else [0]  # a batch of one: one piece
-            for i, probs in zip(batch, self._forward([encoded[i] for i in batch], owners, cuts)):
+            for i, probs in zip(batch, self._forward([encoded[i] for i in batch], owners, cut_of_prompt)):
                 out[i] = probs
         return [list(out[i]) for i in same]
 
     def _forward(self, pairs: Sequence[tuple[list[int], list[Span]]], owners: Sequence[str],
-                 cut_of: Sequence[int]) -> list[list[float]]:
-        """Line scores of one batch: each owner's shared prefix (its first `cut_of` tokens) once, left-padded, then
-        every pair's own tokens."""
+                 least_cut: dict[str, int]) -> list[list[float]]:
+        """Line scores of one batch: each owner's shared prefix once (left-padded), then every pair's own tokens.
+
+        An owner's prefix is what its pairs in the batch share; one pair alone in the batch shares `least_cut`
+        (its whole group's), and a batch of one pair is read in one piece.
+        """
         from transformers import DynamicCache
 
         device = self.model.device
@@ -376,11 +373,13 @@ class PRMScorer:
         for row, owner in enumerate(owners):
             members.setdefault(owner, []).append(row)
         groups = list(members.values())
-        cuts = [cut_of[rows[0]] for rows in groups]
+        cuts = [0] if len(pairs) == 1 else [shared_prefix([pairs[r][0] for r in rows]) if len(rows) > 1
+                                            else least_cut.get(owners[rows[0]], 0) for rows in groups]
         group_of = [0] * len(pairs)
         for g, rows in enumerate(groups):
             for r in rows:
                 group_of[r] = g
+        cut_of = [cuts[g] for g in group_of]
         sharing = [g for g, cut in enumerate(cuts) if cut]  # the groups with a prefix: only those run the first pass
         # Row r of the batch takes its group's prefix (cache and mask); a group without one borrows any cache row
         # (the first), all of whose columns its mask hides.
