@@ -1,4 +1,4 @@
-"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] [--paths 512] [--repeats 3] [--batch N]
+"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] [--paths 512] [--repeats 5] [--batch N]
 
 PRM scoring throughput, side by side in one process on the same PRM and the same
 candidates:
@@ -7,7 +7,10 @@ candidates:
    forward pass, the prefix that paths of one prompt share read once);
 2. baseline: the same scorer with batch size 1, one candidate at a time (one plain
    forward pass per candidate: a lone path shares nothing; both read equal pairs
-   of one call once).
+   of one call once);
+3. the batched scorer reading the whole vocabulary at every position
+   (`full_logits=True`, what it did before it read each token's own logit through
+   the plain LM head), to show what that buys.
 
 Workloads (each a list of scoring calls, replayed in order by both scorers):
 - `heldout`: the first `--paths` held-out step-label paths of data/prm_data/val.parquet,
@@ -18,8 +21,9 @@ Workloads (each a list of scoring calls, replayed in order by both scorers):
 - `beam`, `mcts`: the calls that step-level beam search and PRM-MCTS make (one per
   depth or iteration: the candidate lines of every question, each with the lines above
   it), recorded while `--policy` runs the search with `evaluate.decoding`'s settings.
-Checks that both scorers give the same scores, then prints, per workload, candidates/s
-of each, the tokens each read, and the ratio (best of `--repeats`). Needs models/prm,
+Checks that the scorers give the same scores, then prints, per workload, candidates/s
+of each, the tokens read, the ratio batched / one at a time (best of `--repeats`, the scorers taking turns) and
+batched / batched with full logits. Needs models/prm,
 data/prm_data, data/synthesize and models/<policy> (run `make run` first).
 """
 
@@ -84,14 +88,18 @@ def workload_calls(names: list[str], args, cfg: EvaluateConfig, scorer: PRMScore
     return out
 
 
-def replay(scorer: PRMScorer, calls: list[Call], repeats: int) -> tuple[float, int, list[list[float]]]:
-    """(best seconds over `repeats`, tokens read per replay, the scores of the last replay)."""
-    best, scores, before = float("inf"), [], scorer.tokens
+def replay(scorers: list[PRMScorer], calls: list[Call], repeats: int) -> list[tuple[float, int, list[list[float]]]]:
+    """Per scorer: (best seconds over `repeats`, tokens read per replay, the scores of the last replay).
+
+    The scorers take turns within each repeat, so a machine that slows down for a while slows them all.
+    """
+    best, scores, before = [float("inf")] * len(scorers), [[] for _ in scorers], [s.tokens for s in scorers]
     for _ in range(repeats):
-        start = time.perf_counter()
-        scores = [s for prompts, lines in calls for s in scorer.score(prompts, lines)]
-        best = min(best, time.perf_counter() - start)
-    return best, (scorer.tokens - before) // repeats, scores
+        for k, scorer in enumerate(scorers):
+            start = time.perf_counter()
+            scores[k] = [s for prompts, lines in calls for s in scorer.score(prompts, lines)]
+            best[k] = min(best[k], time.perf_counter() - start)
+    return [(best[k], (s.tokens - before[k]) // repeats, scores[k]) for k, s in enumerate(scorers)]
 
 
 def main() -> None:
@@ -100,7 +108,7 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=512, help="held-out paths scored (heldout)")
     parser.add_argument("--questions", type=int, default=100, help="test questions searched (the other workloads)")
     parser.add_argument("--policy", default="sft", help="the model under models/ whose samples and searches are scored")
-    parser.add_argument("--repeats", type=int, default=3, help="timed replays of each; the best counts")
+    parser.add_argument("--repeats", type=int, default=5, help="timed replays of each; the best counts")
     parser.add_argument("--batch", type=int, default=None, help="paths per batch (default: evaluate's prm_batch_size)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -108,18 +116,21 @@ def main() -> None:
     batch = args.batch or cfg.decoding.prm_batch_size
     batched = PRMScorer.load(paths.model_dir("prm"), batch_size=batch)
     single = PRMScorer(batched.model, batched.tokenizer, batch_size=1)
+    full = PRMScorer(batched.model, batched.tokenizer, batch_size=batch, full_logits=True)
     workloads = workload_calls(args.workloads, args, cfg, batched)
-    print(f"PRM on {batched.model.device}, torch threads {torch.get_num_threads()}, batch {batch}")
+    print(f"PRM on {batched.model.device}, torch threads {torch.get_num_threads()}, batch {batch}, "
+          f"verdicts through the plain LM head: {batched.head is not None}")
     print(f"{'workload':10} {'calls':>5} {'candidates':>10} {'lines':>6}  {'batched c/s':>11} {'tokens':>7}  "
-          f"{'single c/s':>10} {'tokens':>7}  ratio  max |diff|")
+          f"{'single c/s':>10} {'tokens':>7}  ratio  max |diff|  {'full-logits c/s':>15}  gain")
     for name, calls in workloads.items():
-        fast, fast_read, fast_scores = replay(batched, calls, args.repeats)
-        slow, slow_read, slow_scores = replay(single, calls, args.repeats)
-        worst = max((abs(a - b) for x, y in zip(fast_scores, slow_scores) for a, b in zip(x, y)), default=0.0)
+        (fast, fast_read, fast_scores), (slow, slow_read, slow_scores), (whole, _, whole_scores) = replay(
+            [batched, single, full], calls, args.repeats)
+        worst = max((abs(a - b) for other in (slow_scores, whole_scores)
+                     for x, y in zip(fast_scores, other) for a, b in zip(x, y)), default=0.0)
         n = sum(len(prompts) for prompts, _ in calls)
         lines = sum(len(ls) for _, paths_ in calls for ls in paths_)
         print(f"{name:10} {len(calls):5d} {n:10d} {lines:6d}  {n / fast:11.1f} {fast_read:7d}  "
-              f"{n / slow:10.1f} {slow_read:7d}  {slow / fast:4.2f}x  {worst:.1e}")
+              f"{n / slow:10.1f} {slow_read:7d}  {slow / fast:4.2f}x  {worst:9.1e}  {n / whole:15.1f}  {whole / fast:4.2f}x")
 
 
 if __name__ == "__main__":

@@ -306,10 +306,15 @@ class PRMScorer:
     rounding (tests/unit/test_prm.py).
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
+    def __init__(self, model, tokenizer, batch_size: int = 64, full_logits: bool = False) -> None:
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
         self.pad_id = pad_id(tokenizer)
         self.tokens = 0  # tokens read so far (the PRM's share of a decoding strategy's cost)
+        # A verdict needs one logit per token. Through a plain linear head that is one dot product of the hidden state
+        # with the token's row of the head, not the whole vocabulary at every position (a [batch, length, vocab]
+        # float tensor: 12 GB for 64 paths of 300 tokens over a 150k vocabulary). `full_logits` asks for the whole
+        # head anyway (what a head that is not a plain linear layer gets; the bench's reference).
+        self.head = None if full_logits else plain_lm_head(model)
 
     @classmethod
     def load(cls, path: Path | str, batch_size: int = 64, device: torch.device | str | None = None) -> "PRMScorer":
@@ -396,21 +401,21 @@ class PRMScorer:
             ids, mask = prefix_ids[sharing], prefix_mask[sharing]
             positions = (mask.cumsum(1) - 1).clamp(min=0)
             ids = ids.to(device)
-            prefix_logits = self.model(input_ids=ids, attention_mask=mask.to(device),
-                                       position_ids=positions.to(device), cache=cache, use_cache=True).logits
-            prefix_verdicts[sharing] = token_verdicts(prefix_logits, ids).cpu()
-            last = prefix_logits[:, -1:][rows_of_prefixes.to(device)]  # the logits before each pair's first own token
+            prefix_states = self._states(input_ids=ids, attention_mask=mask.to(device),
+                                         position_ids=positions.to(device), cache=cache, use_cache=True)
+            prefix_verdicts[sharing] = self._verdicts(prefix_states, ids).cpu()
+            last = prefix_states[:, -1:][rows_of_prefixes.to(device)]  # what comes before each pair's first own token
             cache.batch_select_indices(rows_of_prefixes.to(device))  # one cache row per pair
         mask = torch.cat([prefix_mask[torch.tensor(group_of)], rest_mask], dim=1)
         positions = torch.tensor(cut_of).unsqueeze(1) + torch.arange(rest_ids.shape[1]).unsqueeze(0)
         rest_ids = rest_ids.to(device)
-        rest_logits = self.model(input_ids=rest_ids, attention_mask=mask.to(device), position_ids=positions.to(device),
-                                 cache=cache).logits
+        rest_states = self._states(input_ids=rest_ids, attention_mask=mask.to(device),
+                                   position_ids=positions.to(device), cache=cache)
         if width:
-            rest_verdicts = token_verdicts(torch.cat([last, rest_logits], dim=1), torch.cat(
+            rest_verdicts = self._verdicts(torch.cat([last, rest_states], dim=1), torch.cat(
                 [torch.zeros_like(rest_ids[:, :1]), rest_ids], dim=1))[:, 1:].cpu()
         else:
-            rest_verdicts = token_verdicts(rest_logits, rest_ids).cpu()
+            rest_verdicts = self._verdicts(rest_states, rest_ids).cpu()
         self.tokens += int(prefix_mask.sum()) + int(rest_mask.sum())
         out = []
         for row, (ids, spans) in enumerate(pairs):
@@ -422,10 +427,48 @@ class PRMScorer:
             out.append([math.exp(token[a:b].sum().item()) for a, b in spans])
         return out
 
+    def _states(self, **inputs) -> torch.Tensor:
+        """What the verdicts are read from, at every position: the last hidden states through a plain head, else
+        the logits."""
+        if self.head is None:
+            return self.model(**inputs).logits
+        return self.model.get_decoder()(**inputs).last_hidden_state
+
+    def _verdicts(self, states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """`token_verdicts` from `_states`: through a plain head, each token's own logit alone."""
+        if self.head is None:
+            return token_verdicts(states, input_ids)
+        rows = input_ids[:, 1:]
+        # In float32, as a matrix product accumulates (a bfloat16 sum over the hidden size would not).
+        picked = (states[:, :-1].float() * self.head.weight[rows].float()).sum(-1)
+        if self.head.bias is not None:
+            picked = picked + self.head.bias[rows].float()
+        return F.pad(F.logsigmoid(picked), (1, 0))
+
     def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:
         """One aggregated score per completion (EMPTY_SCORE for a completion without Step or Answer lines)."""
         line_scores = self.score(prompts, [scored_lines(c) for c in completions])
         return [aggregate(s, how) for s in line_scores]
+
+
+def plain_lm_head(model) -> torch.nn.Linear | None:
+    """The model's LM head when its logits are exactly that linear layer applied to its decoder's last hidden
+    states, else None (a head that scales or caps its logits, as Gemma 2's does, or no causal-LM head at all).
+
+    Checked on the model itself, on one short probe sequence, rather than trusted from the architecture's name.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if not isinstance(head, torch.nn.Linear) or decoder is None or decoder is model:
+        return None
+    ids = torch.arange(min(8, head.out_features), device=head.weight.device).unsqueeze(0)
+    try:
+        with torch.inference_mode():
+            logits = model(input_ids=ids).logits
+            mine = head(decoder(input_ids=ids).last_hidden_state)
+    except (TypeError, ValueError, AttributeError):  # a decoder that is not called like a causal LM's
+        return None
+    return head if logits.shape == mine.shape and torch.allclose(logits, mine, rtol=1e-3, atol=1e-4) else None
 
 
 def check_tokenizer(prm_tokenizer, policy_tokenizer, prm_path: Path | str, policy_path: Path | str) -> None:

@@ -3,6 +3,7 @@ calibration, the loss, line spans, batched scoring and the tokenizer check."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -14,7 +15,7 @@ from pipeline.models import train_tokenizer
 from pipeline.prm import (
     EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
     expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_from_policy,
-    pair_loss, path_outcome, prm_loss, scored_lines,
+    pair_loss, path_outcome, plain_lm_head, prm_loss, scored_lines,
 )
 
 ROW = {
@@ -296,6 +297,59 @@ def test_prefix_shared_scores_equal_a_full_forward_pass_per_pair(tokenizer, prm,
         assert scorer.tokens == full_tokens
     else:  # the prompts (and the shared first step) are read once per batch
         assert scorer.tokens < full_tokens
+
+
+def _pairs():
+    prompt = "Chart: bar.\nQuestion: What is it?\n"
+    lines = [scored_lines(RIGHT), ["Step 1: The value is 3.", "Answer: No"], ["Step 1: Select them: Jan 15, Feb 11."]]
+    return [prompt, prompt, "Question: What is it?\n"], lines
+
+
+def test_verdicts_through_the_plain_head_equal_the_whole_vocabulary_s_logits(tokenizer, prm):
+    prompts, lines = _pairs()
+    plain, whole = PRMScorer(prm, tokenizer, batch_size=2), PRMScorer(prm, tokenizer, batch_size=2, full_logits=True)
+    assert plain.head is prm.lm_head and whole.head is None
+    got, want = plain.score(prompts, lines), whole.score(prompts, lines)
+    for a, b in zip(got, want):
+        assert [math.log(x) for x in a] == pytest.approx([math.log(x) for x in b], abs=1e-5)
+    assert plain.tokens == whole.tokens
+
+
+def test_a_head_with_a_bias_is_read_with_it(tokenizer, prm):
+    torch.manual_seed(1)
+    biased = copy.deepcopy(prm)
+    biased.lm_head = torch.nn.Linear(prm.config.hidden_size, prm.config.vocab_size, bias=True)
+    torch.nn.init.normal_(biased.lm_head.bias, std=2.0)  # large enough that leaving it out fails the comparison
+    prompts, lines = _pairs()
+    plain, whole = PRMScorer(biased, tokenizer), PRMScorer(biased, tokenizer, full_logits=True)
+    assert plain.head is biased.lm_head
+    for a, b in zip(plain.score(prompts, lines), whole.score(prompts, lines)):
+        assert [math.log(x) for x in a] == pytest.approx([math.log(x) for x in b], abs=1e-5)
+
+
+def test_a_head_that_caps_its_logits_is_read_whole(tokenizer):
+    """Gemma 2 squashes its logits (cap x tanh(logit / cap)): one dot product would not be its logit."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5,
+                          pad_token_id=tokenizer.pad_token_id)
+    capped = Gemma2ForCausalLM(config).eval()
+    assert plain_lm_head(capped) is None
+    uncapped = copy.deepcopy(config)
+    uncapped.final_logit_softcapping = None
+    assert plain_lm_head(Gemma2ForCausalLM(uncapped).eval()) is not None
+    prompts, lines = _pairs()
+    scorer = PRMScorer(capped, tokenizer)
+    assert scorer.head is None
+    for prompt, pair_lines, scores in zip(prompts, lines, scorer.score(prompts, lines)):
+        batch = collate([dict(zip(("input_ids", "spans"), encode(tokenizer, prompt, pair_lines)))],
+                        tokenizer.pad_token_id)
+        with torch.inference_mode():
+            logits = capped(input_ids=batch["input_ids"]).logits
+        log_p, _ = line_log_probs(token_verdicts(logits, batch["input_ids"]), batch["score_starts"], batch["score_ends"])
+        assert [math.log(x) for x in scores] == pytest.approx(log_p[0].tolist(), abs=1e-4)
 
 
 def test_equal_pairs_are_read_once(tokenizer, prm):
