@@ -302,8 +302,9 @@ class PRMScorer:
     search node) share the tokens of their longest common prefix: the batch
     reads each distinct prefix once, keeps its KV cache, and reads only each
     pair's own tokens on top of it (a row of the cache per pair); equal pairs
-    are read once. The scores equal one forward pass per pair up to float
-    rounding (tests/unit/test_prm.py).
+    are read once. Each token's verdict is its own logit alone, through a plain
+    LM head (`plain_lm_head`), not the whole vocabulary. The scores equal one
+    forward pass per pair up to float rounding (tests/unit/test_prm.py).
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, full_logits: bool = False) -> None:
@@ -468,7 +469,9 @@ def plain_lm_head(model) -> torch.nn.Linear | None:
             mine = head(decoder(input_ids=ids).last_hidden_state)
     except (TypeError, ValueError, AttributeError):  # a decoder that is not called like a causal LM's
         return None
-    return head if logits.shape == mine.shape and torch.allclose(logits, mine, rtol=1e-3, atol=1e-4) else None
+    # In float32: a model may cast its logits up from its own dtype, which is still the plain head.
+    return head if logits.shape == mine.shape and torch.allclose(logits.float(), mine.float(), rtol=1e-3,
+                                                                 atol=1e-4) else None
 
 
 def check_tokenizer(prm_tokenizer, policy_tokenizer, prm_path: Path | str, policy_path: Path | str) -> None:
