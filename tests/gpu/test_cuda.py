@@ -78,6 +78,7 @@ def test_prm_scores_on_the_gpu_match_the_cpu(saved):
     gpu = PRMScorer.load(saved.parent / "prm")
     cpu = PRMScorer.load(saved.parent / "prm", device="cpu")
     assert gpu.model.device.type == "cuda"
+    assert gpu.head is not None and cpu.head is not None  # each verdict through the plain LM head, on both
     lines = [scored_lines(t.split("\n", 1)[1]) for t in TEXTS[:12]]
     prompts = [t.split("\n", 1)[0] + "\n" for t in TEXTS[:12]]
     on_gpu, on_cpu = gpu.score(prompts, lines), cpu.score(prompts, lines)
