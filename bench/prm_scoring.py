@@ -1,4 +1,4 @@
-"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] [--paths 512] [--repeats 5] [--batch N]
+"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] [--paths 512] [--repeats 5] [--batch N] [--profile]
 
 PRM scoring throughput, side by side in one process on the same PRM and the same
 candidates:
@@ -23,7 +23,10 @@ Workloads (each a list of scoring calls, replayed in order by both scorers):
   it), recorded while `--policy` runs the search with `evaluate.decoding`'s settings.
 Checks that the scorers give the same scores, then prints, per workload, candidates/s
 of each, the tokens read, the ratio batched / one at a time (best of `--repeats`, the scorers taking turns) and
-batched / batched with full logits. Needs models/prm,
+batched / batched with full logits. `--profile`: then, per workload, where a candidate's
+time goes in each scorer (torch profiler: matrix products, attention, other tensor ops)
+how much faster batching could be if it paid for nothing but its products and
+attention, and the tokens a prefix tree over each prompt's candidates would read. Needs models/prm,
 data/prm_data, data/synthesize and models/<policy> (run `make run` first).
 """
 
@@ -39,7 +42,7 @@ from pipeline.config import EvaluateConfig, load_section
 from pipeline.generation import LocalSampler
 from pipeline.io import read_rows
 from pipeline.models import load_model
-from pipeline.prm import PRMScorer, scored_lines
+from pipeline.prm import PRMScorer, encode_many, scored_lines, shared_prefix
 from pipeline.search import StepPolicy, beam_search, prm_mcts
 
 WORKLOADS = ("heldout", "best_of_n", "beam", "mcts")
@@ -102,6 +105,38 @@ def replay(scorers: list[PRMScorer], calls: list[Call], repeats: int) -> list[tu
     return [(best[k], (s.tokens - before[k]) // repeats, scores[k]) for k, s in enumerate(scorers)]
 
 
+def sharing(scorer: PRMScorer, calls: list[Call]) -> tuple[int, int]:
+    """Tokens of each call's distinct candidates, each prompt's read (common prefix once, then each candidate's own
+    tokens; `PRMScorer` without batch boundaries) against a prefix tree over them (every distinct prefix once)."""
+    common = tree = 0
+    for prompts, lines in calls:
+        groups: dict[str, set[tuple[int, ...]]] = {}
+        distinct = [(p, ls) for p, ls in dict.fromkeys(zip(prompts, lines)) if ls]
+        for (prompt, _), (ids, _) in zip(distinct, encode_many(scorer.tokenizer, [p for p, _ in distinct],
+                                                                [ls for _, ls in distinct])):
+            groups.setdefault(prompt, set()).add(tuple(ids))
+        for group in groups.values():
+            cut = shared_prefix(list(group)) if len(group) > 1 else 0
+            common += cut + sum(len(ids) - cut for ids in group)
+            tree += len({ids[: k + 1] for ids in group for k in range(len(ids))})
+    return common, tree
+
+
+def breakdown(scorer: PRMScorer, calls: list[Call], n: int) -> dict[str, float]:
+    """ms per candidate of one replay, profiled: matrix products, attention, other tensor ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for prompts, lines in calls:
+            scorer.score(prompts, lines)
+    ms = {"products": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        kind = ("products" if event.key in ("aten::mm", "aten::addmm", "aten::bmm")
+                else "attention" if "scaled_dot_product" in event.key else "other")
+        ms[kind] += event.self_cpu_time_total / 1e3 / n
+    return ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
@@ -110,6 +145,7 @@ def main() -> None:
     parser.add_argument("--policy", default="sft", help="the model under models/ whose samples and searches are scored")
     parser.add_argument("--repeats", type=int, default=5, help="timed replays of each; the best counts")
     parser.add_argument("--batch", type=int, default=None, help="paths per batch (default: evaluate's prm_batch_size)")
+    parser.add_argument("--profile", action="store_true", help="also where the time goes (CPU: torch profiler)")
     args = parser.parse_args()
     torch.manual_seed(0)
     cfg = load_section("evaluate", EvaluateConfig)
@@ -131,6 +167,16 @@ def main() -> None:
         lines = sum(len(ls) for _, paths_ in calls for ls in paths_)
         print(f"{name:10} {len(calls):5d} {n:10d} {lines:6d}  {n / fast:11.1f} {fast_read:7d}  "
               f"{n / slow:10.1f} {slow_read:7d}  {slow / fast:4.2f}x  {worst:9.1e}  {n / whole:15.1f}  {whole / fast:4.2f}x")
+        if args.profile:
+            parts = {who: breakdown(scorer, calls, n) for who, scorer in (("batched", batched), ("single", single))}
+            for who, ms in parts.items():
+                print(f"  {who:8} ms a candidate: products {ms['products']:.3f}, attention {ms['attention']:.3f}, "
+                      f"other ops {ms['other']:.3f}")
+            ceiling = 1e3 * slow / n / (parts["batched"]["products"] + parts["batched"]["attention"])
+            print(f"  one at a time / batched products and attention alone: {ceiling:.1f}x")
+            common, tree = sharing(batched, calls)
+            print(f"  tokens of the distinct candidates: {common} with each prompt's common prefix once, "
+                  f"{tree} with a prefix tree")
 
 
 if __name__ == "__main__":
