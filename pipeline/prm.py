@@ -439,12 +439,7 @@ class PRMScorer:
         """`token_verdicts` from `_states`: through a plain head, each token's own logit alone."""
         if self.head is None:
             return token_verdicts(states, input_ids)
-        rows = input_ids[:, 1:]
-        # In float32, as a matrix product accumulates (a bfloat16 sum over the hidden size would not).
-        picked = (states[:, :-1].float() * self.head.weight[rows].float()).sum(-1)
-        if self.head.bias is not None:
-            picked = picked + self.head.bias[rows].float()
-        return F.pad(F.logsigmoid(picked), (1, 0))
+        return F.pad(F.logsigmoid(token_logits(states[:, :-1], self.head, input_ids[:, 1:])), (1, 0))
 
     def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:
         """One aggregated score per completion (EMPTY_SCORE for a completion without Step or Answer lines)."""
@@ -452,26 +447,46 @@ class PRMScorer:
         return [aggregate(s, how) for s in line_scores]
 
 
-def plain_lm_head(model) -> torch.nn.Linear | None:
-    """The model's LM head when its logits are exactly that linear layer applied to its decoder's last hidden
-    states, else None (a head that scales or caps its logits, as Gemma 2's does, or no causal-LM head at all).
+# Config keys of heads that scale or cap their logits (Gemma 2 and 3, Cohere, Granite): such a head is never plain.
+SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
-    Checked on the model itself, on one short probe sequence, rather than trusted from the architecture's name.
+
+def token_logits(hidden: torch.Tensor, head: torch.nn.Linear, ids: torch.Tensor) -> torch.Tensor:
+    """The logit of token `ids` read from `hidden` through a plain linear head, in float32: hidden [..., H] and
+    ids [...] broadcast together. One row of the head per token, not the whole vocabulary; float32 as a matrix
+    product accumulates (a bfloat16 sum over the hidden size would not), whatever the head's and body's dtypes."""
+    logits = (hidden.float() * head.weight[ids].float()).sum(-1)
+    return logits if head.bias is None else logits + head.bias[ids].float()
+
+
+def plain_lm_head(model) -> torch.nn.Linear | None:
+    """The model's LM head when `token_logits` through it gives the model's own logits, else None (a head that
+    scales or caps its logits, as Gemma 2's does, quantised weights, or no causal-LM head at all).
+
+    Checked on the model itself, at 8 probe positions and 64 tokens spread over the vocabulary each, rather than
+    trusted from the architecture's name; a probe that fails in any way means the whole head is read.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if not isinstance(head, torch.nn.Linear) or decoder is None or decoder is model:
+    config = getattr(model, "config", None)
+    if (not isinstance(head, torch.nn.Linear) or not head.weight.is_floating_point()
+            or any(getattr(config, key, None) not in (None, 1, 1.0) for key in SCALED_LOGITS)):
         return None
-    ids = torch.arange(min(8, head.out_features), device=head.weight.device).unsqueeze(0)
+    vocab, device = head.out_features, head.weight.device
+    ids = torch.arange(min(8, vocab), device=device).unsqueeze(0)
+    tokens = torch.linspace(0, vocab - 1, min(64, vocab), device=device).long()
     try:
+        decoder = model.get_decoder()
+        if decoder is None or decoder is model:
+            return None
         with torch.inference_mode():
-            logits = model(input_ids=ids).logits
-            mine = head(decoder(input_ids=ids).last_hidden_state)
-    except (TypeError, ValueError, AttributeError):  # a decoder that is not called like a causal LM's
+            theirs = model(input_ids=ids).logits[..., tokens].float()  # [1, 8, 64]
+            hidden = decoder(input_ids=ids).last_hidden_state.unsqueeze(2)  # [1, 8, 1, H]
+            mine = token_logits(hidden, head, tokens.expand(*theirs.shape))
+    except Exception:  # noqa: BLE001 - any decoder this cannot call is read the old way, never a crash at load
         return None
-    # In float32: a model may cast its logits up from its own dtype, which is still the plain head.
-    return head if logits.shape == mine.shape and torch.allclose(logits.float(), mine.float(), rtol=1e-3,
-                                                                 atol=1e-4) else None
+    # Equal up to the rounding of the model's own dtype (bfloat16 logits are rounded to 8 bits).
+    tolerance = max(1e-5, 2 * torch.finfo(model.dtype).eps) if model.dtype.is_floating_point else 1e-5
+    return head if torch.allclose(mine, theirs, rtol=tolerance, atol=tolerance) else None
 
 
 def check_tokenizer(prm_tokenizer, policy_tokenizer, prm_path: Path | str, policy_path: Path | str) -> None:

@@ -15,7 +15,7 @@ from pipeline.models import train_tokenizer
 from pipeline.prm import (
     EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
     expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_from_policy,
-    pair_loss, path_outcome, plain_lm_head, prm_loss, scored_lines,
+    pair_loss, path_outcome, plain_lm_head, prm_loss, scored_lines, token_logits,
 )
 
 ROW = {
@@ -327,13 +327,50 @@ def test_a_head_with_a_bias_is_read_with_it(tokenizer, prm):
         assert [math.log(x) for x in a] == pytest.approx([math.log(x) for x in b], abs=1e-5)
 
 
+class _DoubledHead(torch.nn.Linear):
+    """A head whose logits are not its weight's (as a quantised layer's packed weight is not its values)."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, 2 * self.weight)
+
+
+def test_a_head_whose_logits_are_not_its_weight_s_is_read_whole(tokenizer, prm):
+    doubled = copy.deepcopy(prm)
+    head = _DoubledHead(prm.config.hidden_size, prm.config.vocab_size, bias=False)
+    head.weight = torch.nn.Parameter(prm.lm_head.weight.detach().clone())
+    doubled.lm_head = head
+    assert plain_lm_head(doubled) is None
+    prompts, lines = _pairs()
+    scorer = PRMScorer(doubled, tokenizer)
+    assert scorer.head is None
+    assert scorer.score(prompts, lines) == PRMScorer(doubled, tokenizer, full_logits=True).score(prompts, lines)
+
+
+def test_a_probe_that_fails_reads_the_whole_head_and_does_not_crash(tokenizer, prm, monkeypatch):
+    broken = copy.deepcopy(prm)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 must have the same dtype")
+
+    monkeypatch.setattr(broken.model, "forward", refuse)
+    assert plain_lm_head(broken) is None
+
+
+def test_token_logits_are_the_head_s_logits_of_those_tokens(prm):
+    hidden = torch.randn(2, 5, prm.config.hidden_size)
+    ids = torch.randint(0, prm.config.vocab_size, (2, 5))
+    want = prm.lm_head(hidden).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(token_logits(hidden, prm.lm_head, ids), want, atol=1e-5)
+    assert token_logits(hidden.bfloat16(), prm.lm_head, ids).dtype == torch.float32
+
+
 def test_a_head_that_caps_its_logits_is_read_whole(tokenizer):
     """Gemma 2 squashes its logits (cap x tanh(logit / cap)): one dot product would not be its logit."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     torch.manual_seed(0)
     config = Gemma2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=30.0,
                           pad_token_id=tokenizer.pad_token_id)
     capped = Gemma2ForCausalLM(config).eval()
     assert plain_lm_head(capped) is None
