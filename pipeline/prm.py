@@ -479,13 +479,14 @@ def plain_lm_head(model) -> torch.nn.Linear | None:
         if decoder is None or decoder is model:
             return None
         with torch.inference_mode():
-            theirs = model(input_ids=ids).logits[..., tokens].float()  # [1, 8, 64]
+            logits = model(input_ids=ids).logits
+            theirs = logits[..., tokens].float()  # [1, 8, 64]
             hidden = decoder(input_ids=ids).last_hidden_state.unsqueeze(2)  # [1, 8, 1, H]
             mine = token_logits(hidden, head, tokens.expand(*theirs.shape))
     except Exception:  # noqa: BLE001 - any decoder this cannot call is read the old way, never a crash at load
         return None
     # Equal up to the rounding of the model's own dtype (bfloat16 logits are rounded to 8 bits).
-    tolerance = max(1e-5, 2 * torch.finfo(model.dtype).eps) if model.dtype.is_floating_point else 1e-5
+    tolerance = max(1e-5, 2 * torch.finfo(logits.dtype).eps)
     return head if torch.allclose(mine, theirs, rtol=tolerance, atol=tolerance) else None
 
 
