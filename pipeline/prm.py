@@ -179,13 +179,17 @@ def path_outcome(lines: Sequence[str], labels: Sequence[float], source: str) -> 
     return float(labels[-1] >= 0.5)
 
 
-def token_verdicts(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+def token_verdicts(states: torch.Tensor, input_ids: torch.Tensor, head: torch.nn.Linear | None = None) -> torch.Tensor:
     """log sigmoid(logit of token t at position t - 1) for every token t of [B, T] ids; 0 (sure) for t = 0.
 
-    logits [B, T, V] from the causal LM over the same ids. The first token has no position before it; it
-    is always prompt, never part of a scored line.
+    states [B, T, V]: the causal LM's logits over the same ids; or, with a plain LM `head` (`plain_lm_head`), its
+    last hidden states [B, T, H], each token's logit then read alone (`token_logits`). The first token has no
+    position before it; it is always prompt, never part of a scored line.
     """
-    picked = logits[:, :-1].float().gather(2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if head is not None:
+        picked = token_logits(states[:, :-1], head, input_ids[:, 1:])
+    else:
+        picked = states[:, :-1].float().gather(2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return F.pad(F.logsigmoid(picked), (1, 0))
 
 
@@ -316,6 +320,7 @@ class PRMScorer:
         # float tensor: 12 GB for 64 paths of 300 tokens over a 150k vocabulary). `full_logits` asks for the whole
         # head anyway (what a head that is not a plain linear layer gets; the bench's reference).
         self.head = None if full_logits else plain_lm_head(model)
+        self.decoder = model.get_decoder() if self.head is not None else None
 
     @classmethod
     def load(cls, path: Path | str, batch_size: int = 64, device: torch.device | str | None = None) -> "PRMScorer":
@@ -404,7 +409,7 @@ class PRMScorer:
             ids = ids.to(device)
             prefix_states = self._states(input_ids=ids, attention_mask=mask.to(device),
                                          position_ids=positions.to(device), cache=cache, use_cache=True)
-            prefix_verdicts[sharing] = self._verdicts(prefix_states, ids).cpu()
+            prefix_verdicts[sharing] = token_verdicts(prefix_states, ids, self.head).cpu()
             last = prefix_states[:, -1:][rows_of_prefixes.to(device)]  # what comes before each pair's first own token
             cache.batch_select_indices(rows_of_prefixes.to(device))  # one cache row per pair
         mask = torch.cat([prefix_mask[torch.tensor(group_of)], rest_mask], dim=1)
@@ -413,10 +418,10 @@ class PRMScorer:
         rest_states = self._states(input_ids=rest_ids, attention_mask=mask.to(device),
                                    position_ids=positions.to(device), cache=cache)
         if width:
-            rest_verdicts = self._verdicts(torch.cat([last, rest_states], dim=1), torch.cat(
-                [torch.zeros_like(rest_ids[:, :1]), rest_ids], dim=1))[:, 1:].cpu()
+            rest_verdicts = token_verdicts(torch.cat([last, rest_states], dim=1), torch.cat(
+                [torch.zeros_like(rest_ids[:, :1]), rest_ids], dim=1), self.head)[:, 1:].cpu()
         else:
-            rest_verdicts = self._verdicts(rest_states, rest_ids).cpu()
+            rest_verdicts = token_verdicts(rest_states, rest_ids, self.head).cpu()
         self.tokens += int(prefix_mask.sum()) + int(rest_mask.sum())
         out = []
         for row, (ids, spans) in enumerate(pairs):
@@ -429,17 +434,11 @@ class PRMScorer:
         return out
 
     def _states(self, **inputs) -> torch.Tensor:
-        """What the verdicts are read from, at every position: the last hidden states through a plain head, else
-        the logits."""
+        """What `token_verdicts` reads at every position: the last hidden states through a plain head, else the
+        logits."""
         if self.head is None:
             return self.model(**inputs).logits
-        return self.model.get_decoder()(**inputs).last_hidden_state
-
-    def _verdicts(self, states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """`token_verdicts` from `_states`: through a plain head, each token's own logit alone."""
-        if self.head is None:
-            return token_verdicts(states, input_ids)
-        return F.pad(F.logsigmoid(token_logits(states[:, :-1], self.head, input_ids[:, 1:])), (1, 0))
+        return self.decoder(**inputs).last_hidden_state
 
     def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:
         """One aggregated score per completion (EMPTY_SCORE for a completion without Step or Answer lines)."""

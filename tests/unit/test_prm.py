@@ -460,8 +460,6 @@ def test_a_deeper_prm_starts_as_the_policy_and_round_trips(tokenizer, prm, tmp_p
 @pytest.mark.parametrize("grouped", [False, True])
 def test_prm_train_batches_paths_of_one_length_when_asked(tmp_path, monkeypatch, tokenizer, prm, grouped):
     """`prm.group_by_length`: transformers' length-grouped sampler over the features' `length` (less padding)."""
-    import copy
-
     import pipeline.prm
     from pipeline.config import PRMConfig
     from pipeline.training import prm_train
