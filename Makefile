@@ -1,5 +1,6 @@
-# make run | make test | make smoke | make bench | make server
+# make run [PROFILE=name] | make test | make smoke | make bench | make server
 # Each target builds .venv from scratch when it is missing or pyproject.toml changed.
+# PROFILE (profiles/<name>.yaml, or `default`) rewrites params.yaml before the run; unset, params.yaml runs as it is.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,8 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 
+PROFILE ?=
+
 run: $(STAMP)
-	$(BIN)/python -m pipeline repro
+	$(BIN)/python -m pipeline repro $(if $(PROFILE),--profile $(PROFILE))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
@@ -35,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/teacher_sampling.py
 	$(BIN)/python bench/grpo_step.py
 	$(BIN)/python bench/prm_scoring.py
+	$(BIN)/python bench/prm_wide_vocab.py --paths 128 --repeats 1
 	$(BIN)/python bench/animate.py
 
 server: $(STAMP)

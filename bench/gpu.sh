@@ -46,7 +46,7 @@ part pytest 120 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/te
 part prm_scoring 90 python3 bench/prm_scoring.py --repeats 2
 part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512 --workloads heldout best_of_n
 part prm_wide_vocab 60 python3 bench/prm_wide_vocab.py --layers 4 --paths 512
-part prm_variants 300 python3 bench/prm_variants.py --questions 300 --out "$OUT/prm_variants.jsonl" \
+part prm_variants 300 python3 -m experiments.prm_variants --questions 300 --out "$OUT/prm_variants.jsonl" \
   '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"perturbed": 2, "num_train_epochs": 4}' \
   '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}}' \
   '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}, "num_train_epochs": 6}'

@@ -29,7 +29,7 @@ from pipeline.io import read_rows  # noqa: E402
 from pipeline.models import load_model  # noqa: E402
 from pipeline.rewards import build_rewards  # noqa: E402
 from pipeline.rl import GuidedRollout, grpo_args, rl_dataset  # noqa: E402
-from sft_step import StepTimer  # noqa: E402  (bench/ is on sys.path when run as a script)
+from pipeline.training import StepTimer  # noqa: E402
 
 
 def median_step(cfg: GRPOStageConfig, rewards: RewardsConfig, rows: list[dict], out: Path, rollout: str,

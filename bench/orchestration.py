@@ -6,6 +6,7 @@ Orchestration costs, side by side in one process:
 2. per-stage overhead: a stage process that runs an empty Prefect flow on a
    shared server, against a bare `python -c pass`, and against the work of the
    real stages (seconds from the last default run's metrics).
+Prints each pair's times and their ratio.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def main() -> None:
         env = {**ENV, "PREFECT_API_URL": api, "PREFECT_HOME": home}
         stage = timed(noop_stage, ROOT, args.repeats, env)
     python = timed(bare, ROOT, args.repeats)
-    print(f"per-stage overhead: empty-flow stage process {stage:.2f} s vs bare python {python:.2f} s "
-          f"(Prefect costs {stage - python:.2f} s a stage)")
+    print(f"per-stage overhead: empty-flow stage process {stage:.2f} s vs bare python {python:.2f} s, "
+          f"ratio {stage / python:.1f} (Prefect costs {stage - python:.2f} s a stage)")
     work = {}
     for name, key in (("synthesize", None), ("sft", "train_seconds")):
         path = ROOT / "metrics" / f"{name}.json"

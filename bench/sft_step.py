@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
@@ -26,21 +24,7 @@ from pipeline import paths
 from pipeline.config import load_section
 from pipeline.io import read_rows
 from pipeline.models import load_model
-from pipeline.training import prompt_completion_dataset
-from pipeline.training import trainer_args
-
-
-class StepTimer(TrainerCallback):
-    """Wall seconds of every optimizer step."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.times.append(time.perf_counter() - self._start)
+from pipeline.training import StepTimer, prompt_completion_dataset, trainer_args
 
 
 def median_step(args: TRLSFTConfig, rows: list[dict], warmup: int = 3) -> float:

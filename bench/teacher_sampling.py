@@ -23,7 +23,7 @@ from pipeline import paths
 from pipeline.config import DistillConfig, TeacherConfig, load_section
 from pipeline.generation import Generation, LocalSampler
 from pipeline.io import read_rows
-from pipeline.models import load_tokenizer
+from pipeline.models import build_teacher, load_tokenizer
 
 
 def teacher():
@@ -31,10 +31,8 @@ def teacher():
 
     if (paths.model_dir("teacher") / "model.safetensors").exists():
         return load_local(paths.model_dir("teacher")), "models/teacher"
-    from stages.teacher import build
-
     tokenizer = load_tokenizer(paths.model_dir("base"))
-    return (build(load_section("teacher", TeacherConfig), tokenizer), tokenizer), "untrained default teacher"
+    return (build_teacher(load_section("teacher", TeacherConfig), tokenizer), tokenizer), "untrained default teacher"
 
 
 def hf_generate(model, tokenizer, prompts: list[str], k: int, cfg: DistillConfig, per_batch: int):

@@ -1,1 +1,1 @@
-"""A declarative post-training pipeline for reasoning models (see README.md)."""
+"""A declarative post-training pipeline for reasoning models (design: docs/design.md)."""

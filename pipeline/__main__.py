@@ -1,6 +1,8 @@
-"""python -m pipeline {repro,serve,report,status}
+"""python -m pipeline {repro,params,serve,report,status}
 
-  repro   run the DAG (`dvc repro`) as a Prefect flow with one shared API server
+  repro   run the DAG (`dvc repro`) as a Prefect flow with one shared API server;
+          --profile NAME / -S key=value / --seed N first rewrite params.yaml
+  params  print (or --write) the params a profile and overrides resolve to; --list the profiles
   serve   deploy the repro flow on a cron schedule (needs a running server: make server)
   report  this version's metrics, and their diff against a git revision
   status  which stages are stale (`dvc status`)
@@ -13,12 +15,39 @@ import os
 import sys
 
 
+def _resolution(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(profile, overrides) asked for: -S and --seed alone compose on the profile params.yaml records."""
+    from pipeline import profiles
+    from pipeline.config import params_path
+
+    sets = [*(profiles.seed_sets(args.seed) if args.seed is not None else []), *args.set]
+    if args.profile is not None:
+        return args.profile, profiles.compact(sets)
+    path = params_path()
+    recorded, recorded_sets = profiles.header_of(path.read_text()) if path.exists() else (None, [])
+    return recorded or profiles.DEFAULT, profiles.compact([*recorded_sets, *sets])
+
+
+def _write_params(args: argparse.Namespace) -> None:
+    """Rewrite params.yaml when a profile, -S or --seed was given (exit 2 on a bad one, nothing written)."""
+    from pipeline import profiles
+
+    if args.profile is None and not args.set and args.seed is None:
+        return
+    profile, sets = _resolution(args)
+    if profile not in profiles.names():
+        raise profiles.unknown_profile(profile)
+    if profiles.write(profile, sets):
+        print(f"params.yaml: profile {profile}" + (f", {' '.join(sets)}" if sets else ""), file=sys.stderr)
+
+
 def _repro(args: argparse.Namespace) -> int:
     from pipeline.flows import expected_errors, prefect_server
 
     with expected_errors():
         from pipeline.config import validate_all
 
+        _write_params(args)
         validate_all()  # fail on bad params before a server starts
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
@@ -27,6 +56,24 @@ def _repro(args: argparse.Namespace) -> int:
 
         with expected_errors():
             repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push)
+    return 0
+
+
+def _params(args: argparse.Namespace) -> int:
+    from pipeline import profiles
+    from pipeline.flows import expected_errors
+
+    with expected_errors():
+        if args.list:
+            for name in profiles.names():
+                about = profiles.read_profile(name).get("description", "the quick default (params.yaml as committed)")
+                print(f"{name:12s} {' '.join(str(about).split())}")
+            return 0
+        if args.write:  # with nothing asked: params.yaml re-resolved as its header says (new schema defaults)
+            profiles.write(*_resolution(args))
+            return 0
+        profile, sets = _resolution(args)
+        print(profiles.render(profiles.resolve(profile, sets), profile, sets), end="")
     return 0
 
 
@@ -42,7 +89,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
+    from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations, results_markdown
+
+    if args.results:  # the README's results table: this run beside the snapshots in docs/results/
+        print(results_markdown())
+        return 0
 
     for row in metrics_rows():
         print(f"{row['file']:40s} {row['metric']:40s} {row['value']}")
@@ -72,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     repro.add_argument("--force", action="store_true", help="re-run stages even when nothing changed")
     repro.add_argument("--pull", action="store_true", help="dvc pull before reproducing")
     repro.add_argument("--push", action="store_true", help="dvc push after reproducing")
+    params = sub.add_parser("params", help="print or write the params a profile resolves to")
+    params.add_argument("--list", action="store_true", help="list the profiles")
+    params.add_argument("--write", action="store_true", help="write params.yaml instead of printing")
+    for p in (repro, params):
+        p.add_argument("--profile", help="profiles/NAME.yaml over the quick default (`default`: none); "
+                       "without it, params.yaml's own profile")
+        p.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one key (the value read as YAML), on top of the profile; repeatable")
+        p.add_argument("--seed", type=int, help="every `seed` key to N (and prm_data.question_seed to N + 1)")
     serve = sub.add_parser("serve", help="deploy the repro flow on a schedule")
     serve.add_argument("--cron", default="0 3 * * *", help="cron schedule (default: daily at 03:00)")
     serve.add_argument("--name", default="scheduled-repro", help="deployment name")
@@ -79,9 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--push", action="store_true")
     report = sub.add_parser("report", help="metrics and their diff against a revision")
     report.add_argument("--rev", default="HEAD", help="git revision to compare with (default: HEAD)")
+    report.add_argument("--results", action="store_true",
+                        help="only the results table of the README (this run beside docs/results/)")
     sub.add_parser("status", help="dvc status")
     args = parser.parse_args(argv)
-    return {"repro": _repro, "serve": _serve, "report": _report, "status": _status}[args.command](args)
+    return {"repro": _repro, "params": _params, "serve": _serve, "report": _report,
+            "status": _status}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ class SynthesizeConfig(Section):
     )
     min_categories: int = Field(3, ge=2, description="fewest categories (x labels / slices) in a table")
     max_categories: int = Field(4, ge=2, le=12, description="most categories in a table")
-    max_series: int = Field(1, ge=1, le=6, description="most series (legend entries) in a multi-series chart")
+    max_series: int = Field(1, ge=1, le=6, description="most series (legend entries) in a multi-series chart "
+                            "(why the default is narrow: study `narrow-default-distribution`)")
     value_min: int = Field(1, ge=0, description="smallest table value")
     value_max: int = Field(20, ge=2, description="largest table value")
     min_chain_length: int = Field(2, ge=2, description="shortest chain (functions) in any split")
@@ -88,14 +89,16 @@ class DrillConfig(Section):
     """`base.drills`: table-reading drills a student built from scratch trains on before SFT (pipeline/drills.py)."""
 
     seed: int = Field(0, description="RNG seed of the random tables and the keys asked")
-    colour_steps: int = Field(2400, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
-    number_steps: int = Field(2400, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
+    colour_steps: int = Field(3000, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
+    number_steps: int = Field(1500, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
     batch_size: int = Field(16, ge=1, description="drills per optimizer step")
     val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metrics ask")
-    gate: float = Field(0.9, ge=0, le=1, description="numbers drill: held-out exact match an init must reach; "
-                        "below it the next init (seed + 1) is built and drilled")
-    restarts: int = Field(2, ge=0, description="more inits tried when one misses `gate` (each a full drill run)")
+    gate: float = Field(0.9, ge=0, le=1, description="numbers drill: held-out exact match an init should reach; "
+                        "below it the stage warns and, with `restarts`, drills the next init (seed + 1) (why: study "
+                        "`numeric-lookup-clicks`)")
+    restarts: int = Field(0, ge=0, description="more inits tried when one misses `gate` (each a full drill run; 0: "
+                          "one init, whatever it reads)")
 
 
 class RankDrillConfig(Section):
@@ -104,16 +107,14 @@ class RankDrillConfig(Section):
 
     seed: int = Field(0, description="RNG seed of the random tables and the ranks asked")
     curriculum: list[Annotated[int, Field(ge=0)]] = Field(
-        [1200, 1200], max_length=3, description="steps of each phase before `steps`: phase i asks only the first i + 1 "
-        "ranks (largest; largest and smallest; + second largest); with digit pairs [1200, 1200] and 4,800 "
-        "`steps` read 0.86 held-out (README)")
-    steps: int = Field(4800, ge=0, description="optimizer steps on every rank, after the curriculum (0 and no "
-                       "curriculum: no drill); with spaced digits the held-out read clicks after about 3,000 "
-                       "(HISTORY.md), with digit pairs and no curriculum not in 7,200 (README)")
+        [], max_length=3, description="steps of each phase before `steps`: phase i asks only the first i + 1 "
+        "ranks (largest; largest and smallest; + second largest); why: study `ranking-drill-curriculum-and-replay`")
+    steps: int = Field(0, ge=0, description="optimizer steps on every rank, after the curriculum (0 and no "
+                       "curriculum: no drill)")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
     batch_size: int = Field(16, ge=1, description="drills per optimizer step")
-    replay: int = Field(8, ge=0, description="gold rows (synthesized prompt and rationale) added to each "
-                        "batch, so that the policy keeps what the drill never asks (README)")
+    replay: int = Field(8, ge=0, description="gold rows (synthesized prompt and rationale) added to each batch, so "
+                        "that the policy keeps what the drill never asks (study `ranking-drill-curriculum-and-replay`)")
     val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metric asks")
     expect: float = Field(0.5, ge=0, le=1, description="held-out exact match below which the stage warns (a key "
                           "of the list at random reads about 0.29)")
@@ -124,11 +125,11 @@ class BaseModelConfig(Section):
 
     seed: int = Field(0, description="RNG seed for weight init")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
-    vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size asked of the trained tokenizer (the default "
-                            "corpus with pairs has merges for 952)")
+    vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size asked of the trained tokenizer, in tokens "
+                            "(an upper bound: a small corpus may have fewer merges)")
     digits: Literal["pairs", "spaced", "split"] = Field(
         "pairs", description="pairs: numbers cut into pieces of at most two digits with the space before them "
-        "(' 19' one token; README, 'Reading the table'); spaced: one digit a piece (' 19' -> ' 1', '9'); "
+        "(' 19' one token; why: study `digit-pair-tokenizer`); spaced: one digit a piece (' 19' -> ' 1', '9'); "
         "split: the space a token of its own (' ', '1', '9')",
     )
     hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
@@ -138,7 +139,8 @@ class BaseModelConfig(Section):
     num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
     max_position_embeddings: int = Field(1024, ge=32, description="longest sequence in tokens")
     drills: DrillConfig = Field(
-        default_factory=DrillConfig, description="table-reading drills before SFT (the built student only, not `model`)"
+        default_factory=DrillConfig, description="table-reading drills before SFT (the built student only, not "
+        "`model`; why: study `does-the-student-read-the-table`)"
     )
 
     @model_validator(mode="after")
@@ -161,7 +163,7 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     max_length: int = Field(1024, ge=16, description="truncate prompt+completion to this many tokens")
     group_by_length: bool = Field(
-        True, description="batch examples of similar length (less padding; 1.36x faster steps in bench/sft_step.py)"
+        True, description="batch examples of similar length: less padding (step time: bench/sft_step.py)"
     )
     max_train_samples: int | None = Field(None, ge=1, description="use only the first N training questions")
     max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
@@ -173,7 +175,7 @@ class SFTConfig(TrainConfig):
     """`sft`: supervised fine-tuning of the student, on gold rationales and/or verified teacher traces."""
 
     num_train_epochs: float = Field(
-        10.0, gt=0, description="passes over the training set (10: 0.390 test against 0.320 at 5; README, Longer SFT)"
+        3.0, gt=0, description="passes over the training set (why: docs/experiments/longer-sft.md)"
     )
     source: Literal["gold", "distilled", "mixed"] = Field(
         "gold", description="training completions: gold rationales, verified teacher traces (data/distill), or both"
@@ -223,7 +225,8 @@ class TeacherConfig(Section):
     num_attention_heads: int = Field(4, ge=1, description="embedded: attention heads")
     num_key_value_heads: int = Field(2, ge=1, description="embedded: key/value heads (GQA)")
     train: TrainConfig = Field(
-        default_factory=lambda: TrainConfig(num_train_epochs=1.0), description="embedded: SFT on the gold rationales"
+        default_factory=lambda: TrainConfig(num_train_epochs=1.0, max_steps=120),
+        description="embedded: SFT on the gold rationales"
     )
 
     @model_validator(mode="after")
@@ -245,7 +248,7 @@ class DistillConfig(Section):
         description="traces: SFT on verified traces only; logits: the sft stage adds on-policy logit distillation "
         "with TRL's DistillationTrainer (teacher and student must share a tokenizer)",
     )
-    max_questions: int | None = Field(750, ge=1, description="training questions sent to the teacher (null: all)")
+    max_questions: int | None = Field(200, ge=1, description="training questions sent to the teacher (null: all)")
     k: int = Field(4, ge=1, description="samples per question (the pass rate is correct / k)")
     temperature: float = Field(0.6, gt=0, description="sampling temperature")
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling")
@@ -326,7 +329,7 @@ class MineConfig(Section):
     """`mine`: hard-case mining. G rollouts per RL-pool prompt from the SFT policy give each prompt a pass rate."""
 
     seed: int = Field(0, description="sampling seed and pool order")
-    pool_size: int = Field(500, ge=1, description="training questions in the RL pool")
+    pool_size: int = Field(200, ge=1, description="training questions in the RL pool")
     rollouts: int = Field(8, ge=2, description="G: sampled completions per prompt")
     temperature: float = Field(0.8, gt=0, description="sampling temperature (the GRPO rollout temperature)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
@@ -357,7 +360,7 @@ class GRPOStageConfig(Section):
     learning_rate: float = Field(1e-4, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("constant_with_warmup", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up: a share of all steps when < 1, else steps")
-    max_steps: int = Field(45, ge=1, description="optimizer steps")
+    max_steps: int = Field(20, ge=1, description="optimizer steps")
     prompts_per_step: int = Field(8, ge=1, description="prompts per optimizer step (each with G rollouts)")
     num_generations: int = Field(8, ge=2, description="G: rollouts per prompt (grpo); tbrm uses one")
     beta: float = Field(0.04, ge=0, description="KL weight to the SFT reference (grpo), regularization temperature (tbrm)")
@@ -374,7 +377,7 @@ class GRPOStageConfig(Section):
     replay_samples: int = Field(1, ge=1, description="guided replay: rollouts of such a group replaced by the guidance")
     logging_steps: int = Field(5, ge=1, description="log rewards and KL every N steps")
     success_prompts: int = Field(
-        200, ge=0, description="after training, resample this many RL-pool prompts to measure the success rate p_after"
+        100, ge=0, description="after training, resample this many RL-pool prompts to measure the success rate p_after"
     )
 
     @model_validator(mode="after")
@@ -419,15 +422,16 @@ class PRMDataConfig(Section):
     seed: int = Field(0, description="question sample and sampling seed")
     policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
-    gold_questions: int = Field(12000, ge=1, description="gold labels: new training questions")
-    val_questions: int = Field(300, ge=0, description="gold labels on validation questions: the PRM's held-out set")
+    gold_questions: int = Field(2000, ge=1, description="gold labels: new training questions")
+    val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
     temperature: float = Field(0.8, gt=0, description="gold labels: sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
     batch_size: int = Field(512, ge=1, description="sequences generated together")
-    mcts_questions: int = Field(100, ge=0, description="MCTS labels: other new questions searched (0: gold labels only)")
-    chain_questions: int = Field(24000, ge=0, description="more new questions that give only their gold chain "
-                                 "(chains.parquet holds the chains of every new question)")
+    mcts_questions: int = Field(20, ge=0, description="MCTS labels: other new questions searched (0: gold labels only)")
+    chain_questions: int = Field(2000, ge=0, description="more new questions that give only their gold chain "
+                                 "(chains.parquet holds the chains of every new question; why: study "
+                                 "`prm-gold-chains-12000-and-24000`)")
     iterations: int = Field(8, ge=1, description="MCTS iterations per question (PROPA: 20)")
     children: int = Field(4, ge=1, description="candidate next steps per expansion")
     ucb_c: float = Field(1.0, ge=0, description="UCB exploration constant")
@@ -446,21 +450,24 @@ class PRMConfig(Section):
         ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
     )
     chain_weight: float = Field(1.0, ge=0, description="weight of next-token cross-entropy on the gold chains of "
-                                "data/prm_data/chains.parquet (0: no chains)")
-    contrast: int = Field(3, ge=0, description="contrast paths from the gold chains of data/prm_data/chains.parquet: "
+                                "data/prm_data/chains.parquet (0: no chains; why: study `prm-writes-gold-chains`)")
+    contrast: int = Field(0, ge=0, description="contrast paths from the gold chains of data/prm_data/chains.parquet: "
                           "at each choice step (a largest, a subset, a Yes/No, a count) the chain cut there, and up "
                           "to this many copies with a wrong choice (pipeline/contrast.py; 0: none)")
     pair_weight: float = Field(0.0, ge=0, description="weight of the within-question ranking loss: a right path's "
-                               "mean line score above a wrong one's of the same question (0: off)")
+                               "mean line score above a wrong one's of the same question (0: off; tried: study "
+                               "`ranking-drill-with-digit-pairs`)")
     extra_layers: int = Field(0, ge=0, description="decoder layers added on top of the policy's, each starting as "
-                              "the identity")
-    learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak learning rate")
+                              "the identity (tried: study `prm-writes-gold-chains`)")
+    learning_rate: float = Field(2e-3, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
-    num_train_epochs: float = Field(3.0, gt=0, description="passes over the labelled paths")
+    num_train_epochs: float = Field(1.0, gt=0, description="passes over the labelled paths (why: studies "
+                                    "`prm-contrast-paths`, `prm-epochs-and-length-grouping`)")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
     group_by_length: bool = Field(False, description="batch paths of similar length (transformers' length-grouped "
-                                  "sampler: less padding); not with pair_weight, whose batches hold a question's paths")
+                                  "sampler: less padding); not with pair_weight, whose batches hold a question's "
+                                  "paths (measured: study `prm-epochs-and-length-grouping`)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
     logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")
@@ -479,10 +486,15 @@ class DecodingConfig(Section):
         ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
     )
     prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
-    questions: int = Field(500, ge=1, description="questions per split, the first N (all strategies on the same ones)")
-    n: int = Field(8, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step")
+    questions: int = Field(300, ge=1, description="questions per split, the first N (all strategies on the same "
+                           "ones; why: study `best-of-n-on-500-questions`)")
+    n: int = Field(8, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step "
+                   "(why: study `best-of-8`)")
     aggregation: Literal["min", "last", "mean"] = Field(
-        "mean", description="best-of-N and beam search's final pick: a solution's score from its lines")
+        "mean", description="best-of-N and beam search's final pick: a solution's score from its lines (chosen on "
+        "val: studies `best-of-n-on-500-questions`, `best-of-8`)")
+    search_questions: int | None = Field(50, ge=1, description="beam search and PRM-MCTS: on the first N of the "
+                                         "`questions` only, each then compared with greedy on those (null: all)")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")
     mcts_iterations: int = Field(12, ge=1, description="PRM-MCTS: iterations per question")
     mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")
@@ -514,7 +526,7 @@ class AnimateConfig(Section):
     device: str = Field("cuda", description="diffusers: torch device")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="diffusers: weight dtype")
     num_inference_steps: int = Field(25, ge=1, description="diffusers: denoising steps per clip")
-    samples: int = Field(60, ge=1, description="training tables turned into samples (the first N rows of train)")
+    samples: int = Field(12, ge=1, description="training tables turned into samples (the first N rows of train)")
     frames: int = Field(16, ge=2, description="frames per clip")
     fps: int = Field(8, ge=1, le=60, description="frames per second of the MP4 files")
     width: int = Field(320, ge=64, description="frame width in pixels (even: H.264 4:2:0)")
@@ -553,11 +565,14 @@ class EvaluateConfig(Section):
     """`evaluate`: batched greedy generation on test and ood, graded per question; PRM-guided decoding."""
 
     batch_size: int = Field(64, ge=1, description="questions generated together")
-    max_new_tokens: int = Field(192, ge=1, description="generation limit per question, in tokens")
+    max_new_tokens: int = Field(128, ge=1, description="generation limit per question, in tokens")
     max_samples: int | None = Field(None, ge=1, description="evaluate only the first N questions of each split")
     splits: list[Literal["test", "ood", "val"]] = Field(["test", "ood"], min_length=1, description="splits to evaluate")
+    sampled_splits: list[Literal["test", "ood", "val"]] = Field(
+        ["test"], description="splits that also get the k samples (pass@k, maj@k) and the decoding strategies; "
+        "the other splits are decoded greedily only")
     k: int = Field(4, ge=1, description="pass@k and maj@k: samples per question")
-    k_samples: int | None = Field(500, ge=1, description="pass@k and maj@k: on the first N questions of each split")
+    k_samples: int | None = Field(300, ge=1, description="pass@k and maj@k: on the first N questions of each split")
     k_temperature: float = Field(0.8, gt=0, description="pass@k and maj@k: sampling temperature")
     decoding: DecodingConfig = Field(default_factory=DecodingConfig, description="PRM-guided decoding")
 
@@ -565,6 +580,8 @@ class EvaluateConfig(Section):
     def _decoding_questions(self) -> "EvaluateConfig":
         if self.k_samples is not None and self.decoding.questions > self.k_samples:
             raise ValueError("decoding.questions must be <= k_samples (the strategies reuse the pass@k samples)")
+        if not set(self.sampled_splits) <= set(self.splits):
+            raise ValueError("sampled_splits must be among splits")
         return self
 
 
@@ -593,8 +610,8 @@ def params_path() -> Path:
     return Path(os.environ.get("PIPELINE_PARAMS", PARAMS_FILE))
 
 
-def read_params(path: Path | None = None) -> dict:
-    path = path or params_path()
+def read_mapping(path: Path, top: str) -> dict:
+    """A YAML file whose top level is a mapping (`top` says of what, for the error); {} when empty."""
     if not path.exists():
         raise ConfigError(f"{path}: file not found")
     try:
@@ -602,8 +619,12 @@ def read_params(path: Path | None = None) -> dict:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections")
+        raise ConfigError(f"{path}: top level must be a mapping of {top}")
     return data
+
+
+def read_params(path: Path | None = None) -> dict:
+    return read_mapping(path or params_path(), "sections")
 
 
 def _format_errors(path: Path, name: str, exc: ValidationError) -> str:
@@ -619,11 +640,30 @@ def _format_errors(path: Path, name: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_section(name: str, model: type[S], raw: object, path: Path | str = PARAMS_FILE) -> S:
+def missing_keys(model: type[Section], raw: dict, prefix: str) -> list[str]:
+    """Dotted keys of `model` (nested sections too) that `raw` does not spell out."""
+    out = []
+    for key, field in model.model_fields.items():
+        if key not in raw:
+            out.append(f"{prefix}{key}")
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, Section) and isinstance(raw[key], dict):
+            out += missing_keys(field.annotation, raw[key], f"{prefix}{key}.")
+    return out
+
+
+def parse_section(name: str, model: type[S], raw: object, path: Path | str = PARAMS_FILE, complete: bool = False) -> S:
+    """One section checked by its model; with `complete`, every key must be spelled out.
+
+    Stages read params.yaml complete: DVC tracks the values in the file, not this
+    module's defaults, so a key left to a default would change silently with them.
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: {name}: must be a mapping, got {type(raw).__name__}")
+    if complete and (missing := missing_keys(model, raw, f"{name}.")):
+        raise ConfigError(f"{path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: missing (every "
+                          "key is spelled out; `python -m pipeline params --write` writes a complete file)")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -631,11 +671,11 @@ def parse_section(name: str, model: type[S], raw: object, path: Path | str = PAR
 
 
 def load_section(name: str, model: type[S] | None = None, path: Path | None = None) -> S:
-    """Parse one section of params.yaml; a missing section uses the model's defaults."""
+    """Parse one section of params.yaml, which must spell out every key."""
     path = path or params_path()
     model = model or SECTIONS[name]  # type: ignore[assignment]
     data = read_params(path)
-    return parse_section(name, model, data.get(name), path)
+    return parse_section(name, model, data.get(name), path, complete=True)
 
 
 def validate_all(path: Path | None = None) -> dict[str, Section]:
@@ -645,4 +685,4 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
-    return {name: parse_section(name, model, data.get(name), path) for name, model in SECTIONS.items()}
+    return {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}

@@ -6,7 +6,7 @@ Why: among one question's samples the policy's wrong paths mostly differ from
 its right ones in a single choice made over the list the step before wrote
 ("Select all bars: Norway 4, Egypt 13, Japan 14." then "The largest of them is
 Egypt 13."), and the PRM trained on the policy's own samples scored both
-choices alike (README, "This version"). Those choices are few in the samples
+choices alike (docs/experiments/prm-contrast-paths.md). Those choices are few in the samples
 and their labels are blurred by earlier errors; here every choice step of
 every gold chain gives a clean pair that differs in that choice alone, as
 perturbed-step negatives do in verifier training. The wrong choice is always

@@ -7,7 +7,8 @@ aggregated by min / last / mean); `prm_beam` (step-level beam search);
 accuracy by task type, policy tokens, PRM tokens and seconds per question
 (accuracy beside cost, as MedAgentsBench argues), and every strategy but greedy
 its difference from greedy on the same questions with the paired standard error
-(`vs_greedy`).
+(`vs_greedy`); best-of-N also its difference from a random pick among the same N
+samples (`vs_random`) and its ceilings.
 """
 
 from __future__ import annotations
@@ -97,22 +98,26 @@ class Decoder:
                 candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
                 with self._cost(sample_tokens, share) as cost:
                     texts, scores = self._best_of_n(prompts, candidates)
-                extra = {"ceilings": ceilings(rows, candidates, scores)}
+                extra = {"ceilings": ceilings(rows, candidates, scores),
+                         "vs_random": versus_random(rows, candidates, texts)}
             elif strategy == "prm_beam":
                 with self._cost() as cost:
-                    texts = beam_search(prompts, self.policy, self.scorer.score, n=cfg.n, width=cfg.beam_width,
-                                        max_steps=cfg.max_steps, how=cfg.aggregation)
+                    texts = beam_search(prompts[: cfg.search_questions], self.policy, self.scorer.score, n=cfg.n,
+                                        width=cfg.beam_width, max_steps=cfg.max_steps, how=cfg.aggregation)
             elif strategy == "prm_mcts":
                 with self._cost() as cost:
-                    texts = prm_mcts(prompts, self.policy, self.scorer.score, iterations=cfg.mcts_iterations,
-                                     children=cfg.mcts_children, c=cfg.ucb_c, max_steps=cfg.max_steps)
+                    texts = prm_mcts(prompts[: cfg.search_questions], self.policy, self.scorer.score,
+                                     iterations=cfg.mcts_iterations, children=cfg.mcts_children, c=cfg.ucb_c,
+                                     max_steps=cfg.max_steps)
+            # the searches may run on the first `search_questions` only: every strategy is graded on its own rows
             graded[strategy] = [score(row, text, 0) for row, text in zip(rows, texts)]
             out[strategy] = {**strategy_metrics(graded[strategy], **cost), **extra}
         if "greedy" in graded:
             baseline = [g["correct"] for g in graded["greedy"]]
             for strategy, records in graded.items():
-                if strategy != "greedy":
-                    out[strategy]["vs_greedy"] = paired_difference([g["correct"] for g in records], baseline)
+                if strategy != "greedy":  # paired on the strategy's questions, the first len(records) of greedy's
+                    out[strategy]["vs_greedy"] = paired_difference([g["correct"] for g in records],
+                                                                   baseline[: len(records)])
         return out
 
     def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
@@ -143,6 +148,19 @@ class Decoder:
         cost["seconds"] = seconds + time.perf_counter() - start
         cost["tokens"] = tokens + ((self.policy.tokens - policy_before) if self.policy else 0)
         cost["prm_tokens"] = self.scorer.tokens - prm_before
+
+
+def versus_random(rows: Sequence[dict], candidates: Sequence[Sequence[str]], picked: Sequence[str]) -> dict:
+    """The pick against a random pick among the same N candidates, paired on the question.
+
+    A random pick is right with probability (right candidates) / N, so its accuracy is the mean of that
+    share; the difference is the pick's 0 or 1 minus the share, question by question, with its standard
+    error. Above zero, the selector knows something the sampler's own frequencies do not.
+    """
+    share = [sum(is_correct(t, row["answer"], row["answer_type"]) for t in texts) / max(len(texts), 1)
+             for row, texts in zip(rows, candidates)]
+    right = [bool(text) and is_correct(text, row["answer"], row["answer_type"]) for row, text in zip(rows, picked)]
+    return {"random_pick": round(sum(share) / max(len(share), 1), 4), **paired_difference(right, share)}
 
 
 def steps_right(row: dict, completion: str) -> bool:

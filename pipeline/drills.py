@@ -3,7 +3,7 @@
 Why: trained on rationales alone, the tiny student never binds a word key to the
 number after it. A `Step` that should say "Tigers 19" copies some number of the
 table, so its answers, its PRM labels and every search over its steps inherit
-that guess (HISTORY.md, "Does the student read the table at all?"). The same
+that guess (docs/experiments/does-the-student-read-the-table.md). The same
 architecture learns the binding within a few thousand steps when it first drills
 on the table line alone:
 
@@ -17,9 +17,9 @@ the key and its value (" Tigers 19."). The loss is on the target only.
 
 The ranking drill (`rank_drill`, `train_rank_drill`) teaches the step that
 ranks a listed set, worded as the rationales word it, to a model that already
-reads the table: the student after SFT, which guesses it (HISTORY.md, "Where
-best-of-4 still loses"), so that every policy after `sft` and the PRM started
-from one rank.
+reads the table: the student after SFT, which guesses it
+(docs/experiments/best-of-n-on-500-questions.md), so that every policy after
+`sft` and the PRM started from one rank.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def fit(model, pad: int, steps: int, batch: Callable[[], Sequence[Pair]], lr: fl
         report: Callable[[int, float], None], reports: int = 5, desc: str | None = None) -> None:
     """`steps` AdamW steps on batch(): 5% warmup, cosine decay; report(step, loss) `reports` times.
 
-    `desc` names a progress bar (none without it, as in the bench probes that print their own lines).
+    `desc` names a progress bar (none without it: for a caller that prints its own lines).
     """
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1.0, 0.05 * steps)
@@ -211,8 +211,8 @@ def drill_until_read(build: Callable[[int], torch.nn.Module], seed: int, tokeniz
                      synth: SynthesizeConfig, log=None) -> tuple[torch.nn.Module, dict, list[dict]]:
     """Build (`build(seed)`) and drill a student until one reads `cfg.gate` of the held-out lookups.
 
-    Why: whether the numeric lookup clicks is a matter of the initial weights (HISTORY.md,
-    "The numeric lookup clicks"), so an init that misses it is replaced by the next seed,
+    Why: whether the numeric lookup clicks is a matter of the initial weights
+    (docs/experiments/numeric-lookup-clicks.md), so an init that misses it is replaced by the next seed,
     up to `cfg.restarts` times, every try on the same drill tables. Returns the first init that
     passes, else the one that read the most; the kept init's drill metrics; and every try's
     seed, numbers exact match and whether it was kept. Curves of a try after the first
@@ -281,15 +281,16 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
 
     Phase i of the curriculum asks only the first i + 1 ranks of RANKS (largest alone, then
     largest and smallest, ...), each phase its own warm-up and cosine decay: asked every rank
-    from the start, the student with digit pairs stays at chance after 7,200 steps, while
-    "largest" alone clicks within 2,000 and each next rank then builds on it (README,
-    "This version"). Validation asks one rank of each of `cfg.val_tables` tables
-    drawn before any training table (so a run repeats exactly, whatever the step count).
+    from the start, the student with digit pairs stays at chance, while "largest" alone is
+    learned first and each next rank then builds on it
+    (docs/experiments/ranking-drill-curriculum-and-replay.md). Validation asks one rank of
+    each of `cfg.val_tables` tables drawn before any training table (so a run repeats
+    exactly, whatever the step count).
     `log(name, step, value)` receives the loss and the held-out exact match five times a phase.
     With `cfg.replay`, each batch also holds that many gold rows of `replay` (synthesized
     prompt and rationale, drawn with seed + 1): drilled on rankings alone, the policy forgets
-    what the drill never asks (the PRM from it lost the colour of a bar, and the policy stops
-    writing rationales: README).
+    what the drill never asks (the PRM from it checks a bar's colour worse, and the policy stops
+    writing rationales: studies `ranking-drill-curriculum-and-replay`, `ranking-drills-mixed-into-sft`).
     Returns steps (all phases), last loss, seconds, exact match before and after, after per
     rank, and the held-out read at the end of each phase.
     """

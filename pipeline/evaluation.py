@@ -2,7 +2,8 @@
 
 Pure functions over rows: `score` turns (example, completion) pairs into
 graded records, `summarize` turns records into the metrics every model
-reports (DESIGN.md, "Metrics that every version reports").
+reports (accuracy overall and by answer type, task type and chain length; step
+accuracy; tokens per question).
 """
 
 from __future__ import annotations

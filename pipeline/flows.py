@@ -2,8 +2,9 @@
 
 Every `python -m stages.<name>` runs its work inside a Prefect flow named after
 the stage. Without `PREFECT_API_URL` Prefect starts a temporary server per
-process (about 10 s here); `python -m pipeline repro` starts one server and
-hands its URL to every stage process through the environment.
+process (its cost: BENCHMARKS.md, "Orchestration"); `python -m pipeline repro`
+starts one server and hands its URL to every stage process through the
+environment.
 """
 
 from __future__ import annotations

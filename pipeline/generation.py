@@ -88,8 +88,8 @@ def decode(
 
     Unlike `model.generate`, a row that has emitted EOS leaves the batch (its cache
     rows are dropped), so a batch does not keep paying for finished sequences
-    while its longest one runs on: 2-3x more tokens/s for sampled traces here
-    (bench/teacher_sampling.py). `sample` is (temperature, top_p, torch.Generator, top_k)
+    while its longest one runs on (the gain in tokens/s: bench/teacher_sampling.py,
+    BENCHMARKS.md). `sample` is (temperature, top_p, torch.Generator, top_k)
     (top_k 0: no top-k cut), or None for greedy decoding.
     `stop_ids` end a row like EOS does (the newline token: one reasoning step at a time).
     """

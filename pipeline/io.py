@@ -1,6 +1,6 @@
 """Atomic writes, parquet I/O and provenance manifests.
 
-Stage contract (DESIGN.md): a stage writes into a temporary folder beside its
+Stage contract (docs/design.md): a stage writes into a temporary folder beside its
 output and renames it into place at the end, so a killed stage never leaves an
 output that looks complete; every output folder carries `config.json`.
 """
@@ -175,7 +175,7 @@ def _is_timing(key: str) -> bool:
     return "seconds" in key or key.endswith(("tokens_per_second", "questions_per_second"))
 
 
-# The reasoning-example contract of DESIGN.md, plus `prompt` (the serialized chart and question).
+# The reasoning-example columns (docs/design.md, "Data contracts"); `prompt` is the serialized chart and question.
 STEP_TYPE = pa.struct([("function", pa.string()), ("text", pa.string()), ("value", pa.string())])
 EXAMPLE_SCHEMA = pa.schema(
     [

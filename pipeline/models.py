@@ -15,7 +15,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from pipeline.config import BaseModelConfig
+from pipeline.config import BaseModelConfig, TeacherConfig
 from pipeline.io import InputError
 
 EOS = "<|endoftext|>"
@@ -28,11 +28,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "pairs"
     digits="pairs" cuts a number into pieces of at most two digits, each with the space before it:
     "Tigers: 19" is ..., ":", " 19" (merged into one token where the corpus has it often enough; "2019"
     is " 20", "19"; "12.5" is " 12", ".", "5"). A chart value of 1 to 99 is then one token, like a colour
-    word, and the drilled student reads 0.995 of the held-out lookups on both machines tried; with
-    "spaced" (" 1", "9") the second digit is a second lookup that clicked for one init in eight (README,
-    "Reading the table"), and for seed 0 on one machine but not on another (README, "This version");
-    with "split" (" ", "1", "9") it did not click in 20,000 steps (HISTORY.md, "Does the student read the
-    table at all?").
+    word, so looking it up is one lookup; with "spaced" (" 1", "9") the second digit is a second lookup,
+    which the drilled student learns only for some inits and machines; with "split" (" ", "1", "9") no
+    probe learned it. Measured: docs/experiments/digit-pair-tokenizer.md (pairs against spaced),
+    numeric-lookup-clicks.md (spaced, by init) and does-the-student-read-the-table.md (split).
     """
     rules = {"pairs": r" ?[0-9]{1,2}", "spaced": r" ?[0-9]"}
     if digits not in (*rules, "split"):
@@ -74,6 +73,31 @@ def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast) -> Q
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def base_model(cfg: BaseModelConfig, train_rows: Iterable[dict]):
+    """Stage base's (model, tokenizer) before its drills: loaded from `cfg.model`, or a student built from scratch
+    with a tokenizer trained on the rows' prompts and rationales (`cfg.vocab_size`, `cfg.digits`)."""
+    if cfg.model:
+        return load_model(cfg.model)
+    corpus = (row["prompt"] + row["rationale"] for row in train_rows)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits)
+    return build_student(cfg, tokenizer), tokenizer
+
+
+# The embedded teacher's longest sequence, in tokens: its params do not name one (the student's is
+# base.max_position_embeddings); spelled here rather than left to a schema default, which DVC does not track.
+TEACHER_POSITIONS = 1024
+
+
+def build_teacher(cfg: TeacherConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    """The untrained embedded teacher: the student's architecture at the teacher's size."""
+    size = BaseModelConfig(
+        seed=cfg.seed, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, max_position_embeddings=TEACHER_POSITIONS,
+    )
+    return build_student(size, tokenizer)
 
 
 def default_device() -> torch.device:

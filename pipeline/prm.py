@@ -1,4 +1,5 @@
-"""The process reward model: which lines it scores, its labels, its training loss and batched scoring.
+"""The process reward model: which lines it scores, its labels and training rows, its training loss, batched
+scoring and held-out metrics.
 
 A PRM here is the policy's own causal LM (the student architecture and
 weights, `prm_from_policy`) whose LM head is read as a verifier. It reads the
@@ -14,15 +15,13 @@ verifiers do (GenRM, Zhang et al. 2024): a verifier that knows the right next
 token checks a written one better.
 
 Why not a one-logit head at each line's last token (transformers'
-token-classification head, this project's PRM until this version): the
+token-classification head, this project's first PRM): the
 default student has two layers. Where it writes a value it has just looked the
 key up in the table (the lookup it was drilled on), so its LM head at the
 position before a token is where a check of that token is cheapest; a verdict
-that must travel on to the line's last token needs a third hop. Measured
-(README, "What the PRM can check"): held-out AUROC 0.78 with the line-end head
-on the old labels; on the same new labels, 0.83 with a one-logit head at every
-token and 0.84 with the LM head; 0.85 with the LM head on the policy's samples
-only, and 0.90 when it also writes the gold chains.
+that must travel on to the line's last token needs a third hop. The heads
+compared: docs/experiments/prm-lm-head-verdicts.md; writing the chains:
+docs/experiments/prm-writes-gold-chains.md.
 
     scorer = PRMScorer.load("models/prm")
     scorer.score([prompt], [scored_lines(completion)])  # -> [[p_step1, ..., p_answer]]
@@ -32,15 +31,18 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from pipeline import paths
+from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig
 from pipeline.generation import pad, pad_id
 from pipeline.grading import ANSWER_PREFIX, STEP_PREFIX, extract_answer, grade, infer_answer_type, step_value
-from pipeline.io import InputError
+from pipeline.io import InputError, read_rows
 
 # A completion with no Step and no Answer line has nothing to verify: it gets the lowest score.
 EMPTY_SCORE = 0.0
@@ -88,6 +90,50 @@ def line_labels(lines: Sequence[str], row: dict) -> list[float]:
         labels.append(float(ok))
         k += 1
     return labels
+
+
+# The step-label columns a reader requires (docs/design.md, "Data contracts"; task_type is not needed here).
+STEP_LABEL_COLUMNS = ("id", "prompt", "steps", "labels", "source")
+
+
+def chain_rows(questions: list[dict]) -> list[dict]:
+    """Each question's gold chain as a step-label row: its Step lines and Answer line, each labelled by the grader."""
+    out = []
+    for q in questions:
+        lines = scored_lines(q["rationale"])
+        out.append({"id": q["id"], "prompt": q["prompt"], "steps": lines, "labels": line_labels(lines, q),
+                    "source": "chain", "task_type": q["task_type"]})
+    return out
+
+
+def new_questions(cfg: PRMDataConfig, synth: SynthesizeConfig) -> list[dict]:
+    """The prm_data stage's new training questions, in order: `gold_questions`, `mcts_questions`, then
+    `chain_questions`."""
+    # Imported here: the evaluate stage imports this module and runs no generator code.
+    from pipeline.cof.generate import more_train_questions
+
+    return more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions + cfg.chain_questions,
+                                cfg.question_seed, prefix="prm")
+
+
+def training_rows(cfg: PRMConfig, more_chains: Sequence[dict] = ()) -> tuple[list[dict], list[dict], list[dict]]:
+    """What the prm stage trains on: (labelled paths of `cfg.sources`, contrast paths, gold chains to write).
+
+    `more_chains` are appended to chains.parquet's, as `prm_data.chain_questions` would add them
+    (experiments/prm_variants.py).
+    """
+    from pipeline.contrast import contrast_rows  # pipeline.contrast imports this module
+
+    train_file = paths.split_file("train", "prm_data")
+    rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
+    if not rows:
+        raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
+    chains_file = paths.prm_chains_file()
+    chains = []
+    if cfg.chain_weight or cfg.contrast:
+        chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) + list(more_chains)
+    contrast = contrast_rows(chains, cfg.contrast, random.Random(cfg.seed)) if cfg.contrast else []
+    return rows, contrast, chains if cfg.chain_weight else []
 
 
 def log_boost(q: float) -> float:
@@ -542,3 +588,51 @@ def expected_calibration_error(table: Sequence[dict]) -> float:
     total = sum(r["lines"] for r in table)
     return round(sum(r["lines"] * abs(r["predicted"] - r["observed"]) for r in table) / max(total, 1), 4)
 
+
+def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """AUROC, accuracy at 0.5 and calibration of the PRM on labelled rows; (metrics, calibration table)."""
+    scores = scorer.score([r["prompt"] for r in rows], [r["steps"] for r in rows])
+    flat = [(y, s, is_terminal(line)) for r, ss in zip(rows, scores) for y, s, line in zip(r["labels"], ss, r["steps"])]
+    labels, probs = [y for y, _, _ in flat], [s for _, s, _ in flat]
+    table = calibration(labels, probs)
+
+    def area(keep) -> float | None:
+        subset = [(y, s) for y, s, terminal in flat if keep(terminal)]
+        value = auroc([y for y, _ in subset], [s for _, s in subset])
+        return None if value is None else round(value, 4)
+
+    return {
+        "lines": len(flat),
+        "within_question": within_question(rows, scores),
+        "positive_share": round(sum(y >= 0.5 for y in labels) / max(len(labels), 1), 4),
+        "auroc": area(lambda terminal: True),
+        "auroc_steps": area(lambda terminal: not terminal),
+        "auroc_answers": area(lambda terminal: terminal),
+        "accuracy": round(sum((s >= 0.5) == (y >= 0.5) for y, s in zip(labels, probs)) / max(len(labels), 1), 4),
+        "ece": expected_calibration_error(table),
+    }, table
+
+
+def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
+    """What best-of-N needs: among completions of one question, does the PRM rank a right answer above a wrong one?
+
+    The share of (right, wrong) pairs of the same question ordered right (ties half), per aggregation of the
+    line scores; the AUROC above also rewards telling easy questions from hard ones, this does not.
+    """
+    by_question: dict[str, list[tuple[float, list[float]]]] = {}
+    for r, s in zip(rows, scores):
+        right = float(is_terminal(r["steps"][-1]) and r["labels"][-1] >= 0.5)
+        by_question.setdefault(r["id"], []).append((right, s))
+    out: dict = {}
+    for how in AGGREGATIONS:
+        won = pairs = 0.0
+        for items in by_question.values():
+            scored = [(y, aggregate(s, how)) for y, s in items]
+            for y_a, a in scored:
+                for y_b, b in scored:
+                    if y_a > y_b:
+                        pairs += 1
+                        won += 1.0 if a > b else 0.5 if a == b else 0.0
+        out[f"pair_accuracy_{how}"] = round(won / pairs, 4) if pairs else None
+    out["pairs"] = int(pairs)
+    return out

@@ -48,14 +48,17 @@ def decoding_markdown(evaluations: dict[str, dict]) -> str:
     lines += ["", "Best-of-N against its ceilings on the same N samples (test): a perfect outcome verifier (pass@N), "
               "a perfect step verifier (picks a sample whose steps all match the gold chain), and how many "
               "samples have all steps right.", "",
-              "| model | greedy | PRM best-of-N | perfect step verifier | pass@N | samples with all steps right |",
-              "|---|---|---|---|---|---|"]
+              "| model | greedy | random pick of N | PRM best-of-N | minus random pick (paired SE) | "
+              "perfect step verifier | pass@N | samples with all steps right |",
+              "|---|---|---|---|---|---|---|---|"]
     for model, m in evaluations.items():
         d = m.get("decoding", {})
         if "ceilings" in d.get("prm_best_of_n", {}):
-            c = d["prm_best_of_n"]["ceilings"]
-            lines.append(f"| {model} | {d.get('greedy', {}).get('accuracy')} | {d['prm_best_of_n']['accuracy']} | "
-                         f"{c['step_oracle']} | {c['pass_at_n']} | {c['all_steps_right']} |")
+            best = d["prm_best_of_n"]
+            c, r = best["ceilings"], best.get("vs_random", {})
+            lines.append(f"| {model} | {d.get('greedy', {}).get('accuracy')} | {r.get('random_pick')} | "
+                         f"{best['accuracy']} | {_difference(r)} | {c['step_oracle']} | {c['pass_at_n']} | "
+                         f"{c['all_steps_right']} |")
     lines += ["", "Faithfulness: each question asked again as its twin (comparisons with the operands swapped; trends "
               "with the direction reversed); the share of answered pairs whose answers contradict each other.", "",
               "| model | comparison pairs | answered both | inconsistency rate | trend pairs | answered both | "
@@ -70,10 +73,14 @@ def decoding_markdown(evaluations: dict[str, dict]) -> str:
 
 def _versus(d: dict) -> str:
     """'+0.035 (0.021)': a strategy's test accuracy minus greedy's with its paired standard error; '' for greedy."""
-    v = d.get("vs_greedy")
-    if not v or v["difference"] is None:
+    return _difference(d.get("vs_greedy"))
+
+
+def _difference(v: dict | None) -> str:
+    """'+0.035 (0.021)': a paired difference and its standard error; '' when there is none."""
+    if not v or v.get("difference") is None:
         return ""
-    se = v["standard_error"]
+    se = v.get("standard_error")
     return f"{v['difference']:+.3f} ({'-' if se is None else f'{se:.3f}'})"
 
 
@@ -109,3 +116,77 @@ def generalisation_plot(evaluations: dict[str, dict], path: Path) -> None:
     rows, columns, grids = generalisation(evaluations)
     heatmap({name: (rows, columns, grid) for name, grid in grids.items()}, path,
             title="Accuracy per task type, every model and decoding strategy")
+
+
+# --- The README's results table: several runs side by side, each from its own metrics folder ---
+
+# (column title, metrics folder relative to the repository root): this workspace's run of the quick default,
+# and snapshots of other runs' metrics/ (docs/results/<name>/, each with a README saying how it was made).
+RESULT_COLUMNS = (
+    ("quick default, seed 0", "metrics"),
+    ("quick default, seed 1", "docs/results/quick-seed1"),
+    ("`research` profile", "docs/results/research"),
+)
+STUDENTS = ("sft", "sft_extended", "grpo", "dpo")
+
+
+def _num(value, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _signed(v: dict | None) -> str:
+    """'+0.071 ± 0.015': a paired difference with its standard error; '–' when absent."""
+    if not v or v.get("difference") is None:
+        return "–"
+    se = v.get("standard_error")
+    return f"{v['difference']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
+
+
+def result_rows(root: Path) -> list[tuple[str, str]]:
+    """(row label, value) of one run's headline results, from its metrics folder."""
+    evals = load_evaluations(root, ["teacher", *STUDENTS])
+    prm_file = root / "prm.json"
+    prm = json.loads(prm_file.read_text()) if prm_file.exists() else {}
+    sft = evals.get("sft", {})
+    decoding = sft.get("decoding", {})
+    best = decoding.get("prm_best_of_n", {})
+    sampled = sft.get("sampled", {})
+    n = sampled.get("samples")
+    versus = best.get("vs_random") or _random_pick(sampled, decoding, best)
+    rows = [("majority answer per answer type (trivial baseline)", _num(sft.get("baseline_majority")))]
+    rows += [(f"{name}, greedy", _num(evals.get(name, {}).get("accuracy"))) for name in ("teacher", *STUDENTS)]
+    rows += [
+        (f"sft, random pick of N sampled (T {sampled.get('temperature', '–')})", _num(versus.get("random_pick"))),
+        ("sft, majority vote of N", _num(decoding.get("maj_at_n", {}).get("accuracy"))),
+        ("sft, PRM best-of-N", _num(best.get("accuracy"))),
+        ("sft, best-of-N minus random pick (paired SE)", _signed(versus)),
+        ("sft, best-of-N minus greedy (paired SE)", _signed(best.get("vs_greedy"))),
+        ("sft, PRM beam search", _num(decoding.get("prm_beam", {}).get("accuracy"))),
+        ("sft, ood (longer chains), greedy", _num(sft.get("accuracy_ood"))),
+        ("PRM held-out AUROC over lines", _num(prm.get("auroc"))),
+        ("PRM within-question pairs ranked right (mean line score)",
+         _num(prm.get("held_out", {}).get("within_question", {}).get("pair_accuracy_mean"))),
+        ("test questions: greedy / decoding strategies; N",
+         f"{sft.get('questions', '–')} / {decoding.get('greedy', {}).get('questions', '–')}; {n or '–'}"),
+    ]
+    return rows
+
+
+def _random_pick(sampled: dict, decoding: dict, best: dict) -> dict:
+    """Best-of-N against a random pick, for metrics written before `vs_random` existed: a random pick's
+    accuracy is the mean accuracy of the max(k, N) samples drawn on the same questions (exactly best-of-N's
+    N when k <= N). No standard error: that needs the per-question counts."""
+    if not best or sampled.get("questions") != decoding.get("greedy", {}).get("questions"):
+        return {}
+    random_pick = sampled.get("sampled_accuracy")
+    return {"random_pick": random_pick, "difference": round(best["accuracy"] - random_pick, 4),
+            "standard_error": None}
+
+
+def results_markdown(repo: Path = Path("."), columns=RESULT_COLUMNS) -> str:
+    """Test accuracy of every model and the PRM's numbers, one column per run (a missing folder: a column of –)."""
+    runs = {title: dict(result_rows(repo / folder)) for title, folder in columns}
+    labels = [label for label, _ in result_rows(repo / columns[0][1])]
+    lines = ["| test accuracy unless named | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {label} | " + " | ".join(run.get(label, "–") for run in runs.values()) + " |" for label in labels]
+    return "\n".join(lines)

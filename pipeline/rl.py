@@ -9,7 +9,7 @@
   rationale, so the group carries a positive advantage toward a right chain
   (TaoSR-AGRL's adaptive guided replay; PROPA's SFT on trees that found nothing).
 - `TBRMTrainer` swaps GRPO's objective for the trajectory Bellman residual with
-  one rollout per prompt (ALGORITHMS.md, TBRM).
+  one rollout per prompt (docs/methods.md, "TBRM").
 - `success_amplification` is the fixed point p* of Mroueh's recurrence, the
   theory's prediction for binary-reward GRPO from the SFT success rate p0.
 """

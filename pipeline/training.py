@@ -1,4 +1,4 @@
-"""Shared pieces of the TRL training stages: the SFT run itself, datasets, dvclive logging, weight checks."""
+"""Shared pieces of the TRL training stages: the SFT run itself, datasets, dvclive logging, weight checks, step timing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 
 from pipeline.config import TrainConfig
@@ -45,11 +45,24 @@ def weights_changed(before: dict[str, torch.Tensor], model) -> float:
     return changed / max(len(before), 1)
 
 
+class StepTimer(TrainerCallback):
+    """Wall seconds of every optimizer step (bench/sft_step.py, bench/grpo_step.py)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self._start)
+
+
 def device_kwargs() -> dict:
     """Trainer precision/device settings for this machine.
 
     TRL defaults to bf16 and gradient checkpointing; on a CPU both make a tiny
-    model about 10x slower (bf16 autocast has no fast CPU kernels here, and
+    model many times slower (bf16 autocast has no fast CPU kernels here, and
     re-computing activations buys nothing when they are a few MB).
     """
     cuda = torch.cuda.is_available()

@@ -1,6 +1,6 @@
 """python -m stages.animate
 
-Image-to-video data (ALGORITHMS.md, "Image-to-video data (VEGGIE)"): the first
+Image-to-video data (docs/methods.md, "Image-to-video data"; after VEGGIE): the first
 `animate.samples` training tables become paired video-edit samples. Each gets
 a source clip (camera zoom/pan/rotation with easing, and the table's values
 moving from one state to another, redrawn every frame), an edit instruction,

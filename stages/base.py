@@ -4,9 +4,10 @@ The student before SFT. By default built here: a BPE tokenizer trained on the
 synthetic training corpus, a small Qwen2 from `base` params, then the
 table-reading drills of `base.drills` (pipeline/drills.py) on new random
 tables, without which it never learns to read a key's number from the table.
-Whether it does is a matter of the initial weights: an init that reads fewer than
-`base.drills.gate` of held-out lookups is replaced by the next seed, at most
-`base.drills.restarts` times.
+How well it does depends on the initial weights: with `base.drills.restarts`
+above 0, an init that reads fewer than `base.drills.gate` of held-out lookups
+is replaced by the next seed, at most that many times (the `research` profile
+retries twice; the quick default drills one init and logs a warning below the gate).
 When `base.model` names a Hugging Face model, that model as it is (no drills).
 Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 """
@@ -18,23 +19,14 @@ from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
 from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import build_student, count_parameters, default_device, load_model, save_model, train_tokenizer
+from pipeline.models import base_model, build_student, count_parameters, default_device, save_model
 from pipeline.training import snapshot, weights_changed
-
-
-def run(cfg: BaseModelConfig, train_rows: list[dict]):
-    """(model, tokenizer): loaded from `cfg.model`, or built from scratch on the corpus (not yet drilled)."""
-    if cfg.model:
-        return load_model(cfg.model)
-    corpus = (row["prompt"] + row["rationale"] for row in train_rows)
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.digits)
-    return build_student(cfg, tokenizer), tokenizer
 
 
 def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
     train_file = paths.split_file("train")
     rows = read_rows(train_file, required=("prompt", "rationale"))
-    model, tokenizer = run(cfg, rows)
+    model, tokenizer = base_model(cfg, rows)
     sample = [r["prompt"] + r["rationale"] for r in rows[:500]]
     tokens = [len(ids) for ids in tokenizer(sample, add_special_tokens=False)["input_ids"]]
     metrics = {
@@ -56,7 +48,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
             start = snapshot(build(init_seed))  # seeded: the kept init's weights before the drills
             read = drills.get("numbers", {}).get("exact")
             if read is not None and read < cfg.drills.gate:
-                # SFT and everything after it inherit a misread table (HISTORY.md, "The numeric lookup clicks").
+                # SFT and everything after it inherit a misread table (docs/experiments/numeric-lookup-clicks.md).
                 stage_logger().warning("numbers drill: %.3f of held-out lookups right after %d inits; none learned the "
                                        "lookup (another base.seed or vocab_size may)", read, len(attempts))
             metrics |= {"drills": drills, "init_seed": init_seed, "inits": attempts,

@@ -1,8 +1,8 @@
 """python -m stages.evaluate --model sft
 
 Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded with
-pipeline/grading.py, then max(k, N) sampled completions per question on the first
-`evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
+pipeline/grading.py, then, on the splits of `evaluate.sampled_splits`, max(k, N) sampled completions per
+question on the first `evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
 at budget N on the first `evaluate.decoding.questions` of them (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
 PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
 faithfulness probes (binary comparisons asked in both operand orders; strict trends asked in both
@@ -42,6 +42,9 @@ def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dic
         seconds = time.perf_counter() - start
         graded = [score(row, gens[0].text, gens[0].tokens) for row, gens in zip(rows, generations)]
         by_split[split] = {**summarize(graded), "seconds_per_question": round(seconds / max(len(rows), 1), 4)}
+        records += graded
+        if split not in cfg.sampled_splits:  # greedy only
+            continue
         k_rows = rows[: cfg.k_samples]
         by_split[split]["sampled"], samples, sample_seconds = sampled(cfg, sampler, k_rows)
         if decoder is not None:
@@ -52,7 +55,6 @@ def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dic
                 d_rows, greedy, seconds * len(d_rows) / max(len(rows), 1), whole,
                 sample_seconds * len(d_rows) / max(len(k_rows), 1),
             )
-        records += graded
     return by_split, records
 
 
@@ -95,17 +97,21 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
     """Top-level metrics: test numbers flat (what `dvc metrics diff` compares), ood beside them."""
     test = by_split.get("test", next(iter(by_split.values())))
     out = {k: test[k] for k in ("accuracy", "step_accuracy", "by_answer_type", "by_task_type", "by_chain_length")}
-    k = test["sampled"]["k"]
-    out[f"pass_at_{k}"], out[f"maj_at_{k}"] = test["sampled"][f"pass_at_{k}"], test["sampled"][f"maj_at_{k}"]
-    out["sampled"] = test["sampled"]
+    out["questions"] = test["n"]
+    if "sampled" in test:
+        k = test["sampled"]["k"]
+        out[f"pass_at_{k}"], out[f"maj_at_{k}"] = test["sampled"][f"pass_at_{k}"], test["sampled"][f"maj_at_{k}"]
+        out["sampled"] = test["sampled"]
     out["tokens_per_question"] = test["tokens_per_question"]
     out["seconds_per_question"] = test["seconds_per_question"]
     out["baseline_majority"] = baseline
     if "ood" in by_split:
-        out["accuracy_ood"] = by_split["ood"]["accuracy"]
-        out["step_accuracy_ood"] = by_split["ood"]["step_accuracy"]
-        out[f"pass_at_{k}_ood"] = by_split["ood"]["sampled"][f"pass_at_{k}"]
-        out[f"maj_at_{k}_ood"] = by_split["ood"]["sampled"][f"maj_at_{k}"]
+        ood = by_split["ood"]
+        out["accuracy_ood"] = ood["accuracy"]
+        out["step_accuracy_ood"] = ood["step_accuracy"]
+        if "sampled" in ood:  # evaluate.sampled_splits names ood
+            k = ood["sampled"]["k"]
+            out[f"pass_at_{k}_ood"], out[f"maj_at_{k}_ood"] = ood["sampled"][f"pass_at_{k}"], ood["sampled"][f"maj_at_{k}"]
     # The other splits' full breakdowns, one section each ("ood", "val"); test is the flat part above.
     out.update({split: m for split, m in by_split.items() if split != "test"})
     out["answer_line_rate"] = test["answer_line_rate"]
@@ -114,11 +120,11 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
         out["decoding"] = {
             name: {**m, **({"accuracy_ood": by_split["ood"]["decoding"][name]["accuracy"],
                             "by_task_type_ood": by_split["ood"]["decoding"][name]["by_task_type"]}
-                           if "ood" in by_split else {})}
+                           if "decoding" in by_split.get("ood", {}) else {})}
             for name, m in test["decoding"].items()
         }
         for name, m in by_split.get("ood", {}).get("decoding", {}).items():
-            for key in ("ceilings", "vs_greedy"):
+            for key in ("ceilings", "vs_greedy", "vs_random"):
                 if key in m:
                     out["decoding"][name][f"{key}_ood"] = m[key]
     return out

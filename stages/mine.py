@@ -8,7 +8,8 @@ builds the oversampled RL set; prompts with a right and a wrong rollout give
 on-policy preference pairs.
 
 The mean pass rate is p0, the SFT policy's sampled success rate on the RL pool,
-the starting point of the success-amplification recurrence (ALGORITHMS.md).
+the starting point of the success-amplification recurrence (docs/methods.md,
+"Success amplification").
 
 Writes data/mine/ (rl.parquet: the GRPO dataset; pool.parquet: every pool
 prompt with its pass rate and bucket; pairs.parquet: DPO pairs),

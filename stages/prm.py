@@ -7,8 +7,9 @@ on each token of a line (pipeline/prm.py). It is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
-the right step checks steps better; README, "What the PRM can check") and on contrast paths cut from those chains
-(`prm.contrast`: each choice step once right and up to that many times wrong, pipeline/contrast.py). Scored on the held-out gold labels of
+the right step checks steps better; docs/experiments/prm-writes-gold-chains.md)
+and on contrast paths cut from those chains (`prm.contrast`: each choice step
+once right and up to that many times wrong, pipeline/contrast.py). Scored on the held-out gold labels of
 validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
@@ -18,91 +19,18 @@ calibration.json and calibration.png).
 
 from __future__ import annotations
 
-import random
 import shutil
 
 import torch
 
 from pipeline import paths
 from pipeline.config import PRMConfig, PRMDataConfig, load_section
-from pipeline.contrast import contrast_rows
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import load_tokenizer, save_model
 from pipeline.plots import reliability_chart
-from pipeline.prm import (
-    AGGREGATIONS, PRMScorer, aggregate, auroc, calibration, expected_calibration_error, is_terminal, prm_from_policy,
-)
+from pipeline.prm import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
 from pipeline.training import prm_train
-
-STEP_LABEL_COLUMNS = ("id", "prompt", "steps", "labels", "source")
-
-
-def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
-    """AUROC, accuracy at 0.5 and calibration of the PRM on labelled rows; (metrics, calibration table)."""
-    scores = scorer.score([r["prompt"] for r in rows], [r["steps"] for r in rows])
-    flat = [(y, s, is_terminal(line)) for r, ss in zip(rows, scores) for y, s, line in zip(r["labels"], ss, r["steps"])]
-    labels, probs = [y for y, _, _ in flat], [s for _, s, _ in flat]
-    table = calibration(labels, probs)
-
-    def area(keep) -> float | None:
-        subset = [(y, s) for y, s, terminal in flat if keep(terminal)]
-        value = auroc([y for y, _ in subset], [s for _, s in subset])
-        return None if value is None else round(value, 4)
-
-    return {
-        "lines": len(flat),
-        "within_question": within_question(rows, scores),
-        "positive_share": round(sum(y >= 0.5 for y in labels) / max(len(labels), 1), 4),
-        "auroc": area(lambda terminal: True),
-        "auroc_steps": area(lambda terminal: not terminal),
-        "auroc_answers": area(lambda terminal: terminal),
-        "accuracy": round(sum((s >= 0.5) == (y >= 0.5) for y, s in zip(labels, probs)) / max(len(labels), 1), 4),
-        "ece": expected_calibration_error(table),
-    }, table
-
-
-def within_question(rows: list[dict], scores: list[list[float]]) -> dict:
-    """What best-of-N needs: among completions of one question, does the PRM rank a right answer above a wrong one?
-
-    The share of (right, wrong) pairs of the same question ordered right (ties half), per aggregation of the
-    line scores; the AUROC above also rewards telling easy questions from hard ones, this does not.
-    """
-    by_question: dict[str, list[tuple[float, list[float]]]] = {}
-    for r, s in zip(rows, scores):
-        right = float(is_terminal(r["steps"][-1]) and r["labels"][-1] >= 0.5)
-        by_question.setdefault(r["id"], []).append((right, s))
-    out: dict = {}
-    for how in AGGREGATIONS:
-        won = pairs = 0.0
-        for items in by_question.values():
-            scored = [(y, aggregate(s, how)) for y, s in items]
-            for y_a, a in scored:
-                for y_b, b in scored:
-                    if y_a > y_b:
-                        pairs += 1
-                        won += 1.0 if a > b else 0.5 if a == b else 0.0
-        out[f"pair_accuracy_{how}"] = round(won / pairs, 4) if pairs else None
-    out["pairs"] = int(pairs)
-    return out
-
-
-def training_rows(cfg: PRMConfig, more_chains: list[dict] = ()) -> tuple[list[dict], list[dict], list[dict]]:
-    """What the PRM trains on: (labelled paths of `cfg.sources`, contrast paths, gold chains to write).
-
-    `more_chains` are appended to chains.parquet's, as `prm_data.chain_questions` would add them (bench/prm_variants.py).
-    """
-    train_file = paths.split_file("train", "prm_data")
-    rows = [r for r in read_rows(train_file, required=STEP_LABEL_COLUMNS) if r["source"] in cfg.sources]
-    if not rows:
-        raise InputError(f"{train_file}: no step-label rows from the sources {cfg.sources}")
-    chains_file = paths.prm_chains_file()
-    chains = []
-    if cfg.chain_weight or cfg.contrast:
-        chains = read_rows(chains_file, required=STEP_LABEL_COLUMNS) + list(more_chains)
-    contrast = contrast_rows(chains, cfg.contrast, random.Random(cfg.seed)) if cfg.contrast else []
-    return rows, contrast, chains if cfg.chain_weight else []
-
 
 def _flow(cfg: PRMConfig, policy: str) -> None:
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")

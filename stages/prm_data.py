@@ -21,9 +21,10 @@ question texts. The policy never trained on them, so its mistakes there are the
 ones it makes at test time, and there are as many as the PRM needs (on the
 6,000 training questions it had learned, it erred less and differently).
 
-Rows follow DESIGN.md's step-label contract (prompt, steps, labels, source) plus
-id and task_type. metrics/prm_data.json has the label balance per source and
-the agreement between MCTS and gold labels on the same lines.
+Rows follow the step-label contract of docs/design.md ("Data contracts": id,
+prompt, steps, labels, source, task_type). metrics/prm_data.json has the label
+balance per source and the agreement between MCTS and gold labels on the same
+lines.
 """
 
 from __future__ import annotations
@@ -34,14 +35,13 @@ import time
 import pyarrow as pa
 
 from pipeline import paths
-from pipeline.cof.generate import more_train_questions
 from pipeline.config import PRMDataConfig, SynthesizeConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
-from pipeline.prm import auroc, line_labels, log_boost, scored_lines
+from pipeline.prm import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
 from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, mcts, rollout_evaluator, tree_paths
 
@@ -67,16 +67,6 @@ def gold_rows(cfg: PRMDataConfig, sampler, questions: list[dict]) -> list[dict]:
             if lines:
                 out.append({"id": q["id"], "prompt": q["prompt"], "steps": list(lines),
                             "labels": line_labels(lines, q), "source": "gold", "task_type": q["task_type"]})
-    return out
-
-
-def chain_rows(questions: list[dict]) -> list[dict]:
-    """Each question's gold chain as a step-label row: its Step lines and Answer line, each labelled by the grader."""
-    out = []
-    for q in questions:
-        lines = scored_lines(q["rationale"])
-        out.append({"id": q["id"], "prompt": q["prompt"], "steps": lines, "labels": line_labels(lines, q),
-                    "source": "chain", "task_type": q["task_type"]})
     return out
 
 
@@ -114,20 +104,13 @@ def agreement(rows: list[dict], by_id: dict[str, dict]) -> dict:
     return {"lines": len(gold), "agreement": round(agree, 4), "auroc": None if area is None else round(area, 4)}
 
 
-def new_questions(cfg: PRMDataConfig, synth: SynthesizeConfig) -> list[dict]:
-    """The stage's new training questions, in order: `gold_questions`, `mcts_questions`, then `chain_questions`."""
-    return more_train_questions(synth, cfg.gold_questions + cfg.mcts_questions + cfg.chain_questions,
-                                cfg.question_seed, prefix="prm")
-
-
 def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     val_file, model_dir = paths.split_file("val"), paths.model_dir(cfg.policy)
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
     model, tokenizer = load_model(model_dir)
     rng = random.Random(cfg.seed)
-    # No question text of val or test among them (the generator's split hash sees to that). Of the default run's
-    # 36,100, none of the 12,100 that give labels shares a chart (header and table) with train.parquet and 2 of
-    # the chain-only ones do (checked once; tables are random draws).
+    # No question text of val or test among them (the generator's split hash sees to that). Their tables are
+    # random draws, so a chart (header and table) of train.parquet can recur among them, rarely.
     fresh = new_questions(cfg, synth)
     gold_q = fresh[: cfg.gold_questions]
     mcts_q = fresh[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions]

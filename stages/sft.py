@@ -13,8 +13,9 @@ them is" after a listed set, on new random tables), a step the student
 otherwise guesses: in phases (the largest alone, then largest and smallest,
 then every rank), since with digit pairs the flat drill never clicks, and with
 gold rationales replayed beside the drills, since without them the student
-stops writing rationales. Every policy after `sft` and the PRM start from the
-drilled student (README, "This version").
+stops writing rationales (docs/experiments/ranking-drill-curriculum-and-replay.md).
+Every policy after `sft` and the PRM start from the drilled student
+(docs/experiments/ranking-drill-in-sft.md).
 
 Curves go through dvclive into plots/sft/ (phase 2 and 3 in sub-folders, the
 drill's in rank_drill/), the summary into metrics/sft.json, the model into
@@ -82,7 +83,7 @@ def rank_drilled(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig
     with curve_log(live_dir) as log:
         metrics = train_rank_drill(model, tokenizer, cfg, synth, log, replay=gold)
     level = logging.INFO if metrics["exact"] >= cfg.expect else logging.WARNING
-    # Below `expect` the student still guesses which key a ranked step names (HISTORY.md, "Where best-of-4 still loses").
+    # Below `expect` the student still guesses which key a ranked step names (study `best-of-n-on-500-questions`).
     stage_logger().log(level, "ranking drill: held-out exact match %.3f -> %.3f after %d steps (expected >= %.2f)",
                        metrics["exact_before"], metrics["exact"], metrics["steps"], cfg.expect)
     return metrics

@@ -17,10 +17,10 @@ from __future__ import annotations
 import shutil
 
 from pipeline import paths
-from pipeline.config import BaseModelConfig, TeacherConfig, load_section
+from pipeline.config import TeacherConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import build_student, count_parameters, load_tokenizer, save_model
+from pipeline.models import build_teacher, count_parameters, load_tokenizer, save_model
 from pipeline.training import sft_train
 
 REFERENCE_FIELDS = {
@@ -29,22 +29,12 @@ REFERENCE_FIELDS = {
 }
 
 
-def build(cfg: TeacherConfig, tokenizer):
-    """The untrained embedded teacher: the student's architecture at the teacher's size."""
-    size = BaseModelConfig(
-        seed=cfg.seed, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-    )
-    return build_student(size, tokenizer)
-
-
 def _train_embedded(cfg: TeacherConfig) -> None:
     train_file, val_file = paths.split_file("train"), paths.split_file("val")
     train_rows = read_rows(train_file, required=("prompt", "rationale"))
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     tokenizer = load_tokenizer(paths.model_dir("base"))
-    model = build(cfg, tokenizer)
+    model = build_teacher(cfg, tokenizer)
     with atomic_dir(paths.model_dir("teacher")) as out, atomic_dir(paths.live_dir("teacher")) as live:
         metrics = sft_train(cfg.train, model, tokenizer, train_rows, val_rows, out / ".trainer", live)
         metrics = {"backend": "embedded", "parameters": count_parameters(model), **metrics}

@@ -11,39 +11,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
+
+from pipeline.profiles import render, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Small enough for 2 cores; the same stages and code paths as the default run.
-TINY_PARAMS = {
-    "synthesize": {"seed": 0, "n_train": 240, "n_val": 24, "n_test": 40, "n_ood": 24, "render_charts": 2},
-    "base": {"seed": 0, "vocab_size": 320, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
-             "drills": {"seed": 0, "colour_steps": 6, "number_steps": 6, "batch_size": 4, "val_tables": 8}},
-    "teacher": {"seed": 0, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "num_key_value_heads": 1,
-                "train": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,
-                          "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3}},
-    # min_step_accuracy 0: a 12-step teacher gets some yes/no answers right, never whole chains
-    "distill": {"seed": 0, "max_questions": 48, "k": 4, "max_new_tokens": 48, "batch_size": 64,
-                "min_step_accuracy": 0.0, "logit_steps": 2, "logit_max_new_tokens": 16},
-    "sft": {"seed": 0, "learning_rate": 0.003, "max_steps": 12, "per_device_train_batch_size": 8,
-            "max_eval_samples": 16, "eval_steps": 6, "logging_steps": 3,
-            "rank_drill": {"curriculum": [1, 1], "steps": 1, "batch_size": 2, "val_tables": 4, "replay": 2}},
-    "mine": {"seed": 0, "pool_size": 48, "rollouts": 4, "max_new_tokens": 48, "batch_size": 64},
-    "grpo": {"seed": 0, "max_steps": 3, "prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32,
-             "logging_steps": 1, "success_prompts": 8},
-    "dpo": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 4, "logging_steps": 1},
-    "prm_data": {"seed": 0, "gold_questions": 24, "val_questions": 12, "samples": 2, "max_new_tokens": 48,
-                 "batch_size": 64, "mcts_questions": 4, "chain_questions": 4, "iterations": 2, "children": 2, "step_tokens": 24,
-                 "max_steps": 4},
-    "prm": {"seed": 0, "num_train_epochs": 1, "per_device_train_batch_size": 8, "logging_steps": 1},
-    "evaluate": {"batch_size": 32, "max_new_tokens": 64, "splits": ["test", "ood"], "k_samples": 8,
-                 "decoding": {"questions": 8, "n": 2, "beam_width": 1, "mcts_iterations": 2, "mcts_children": 2, "max_steps": 4,
-                              "step_tokens": 24}},
-    "animate": {"seed": 0, "samples": 6, "frames": 10, "width": 160, "height": 120, "contact_sheet": 2},
-}
+# The `tiny` profile (profiles/tiny.yaml), resolved: small enough for 2 cores, the same stages and code paths
+# as the research recipe.
+TINY_PARAMS = resolve("tiny", root=ROOT)
 
 
 # The whole Chain-of-Functions generator (every chart type, multi-series tables, long
@@ -62,14 +37,15 @@ def api_post(api_url: str, route: str, body: dict) -> list[dict]:
         return json.loads(resp.read())
 
 
-def write_params(folder: Path, params: dict = TINY_PARAMS) -> Path:
-    """params.yaml with every key of every section spelled out, as in the repo's own file
-    (dvc.yaml names single keys such as `distill.k`, which DVC requires to be present)."""
+def write_params(folder: Path, params: dict = TINY_PARAMS, profile: str = "tiny") -> Path:
+    """params.yaml with every key of every section spelled out, as `python -m pipeline params` writes it
+    (dvc.yaml names single keys such as `distill.k`, which DVC requires to be present); its header names
+    `profile`, so values that differ from it read as hand edits."""
     from pipeline.config import SECTIONS
 
     full = {name: SECTIONS[name].model_validate(params.get(name) or {}).model_dump(mode="json") for name in SECTIONS}
     path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(full, sort_keys=False))
+    path.write_text(render(full, profile))
     return path
 
 
@@ -103,7 +79,7 @@ def copy_project(dest: Path) -> Path:
     ).stdout.split()
     for rel in files:
         src = ROOT / rel
-        if src.is_file() and not rel.startswith(("tests/", "bench/")):
+        if src.is_file() and not rel.startswith(("tests/", "bench/", "experiments/")):
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest

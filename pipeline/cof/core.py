@@ -3,7 +3,8 @@
     from pipeline.cof.core import FUNCTIONS, Reject
     FUNCTIONS["top_k"].run(ctx, objs, k=2)   # raises Reject("tie") on a tied boundary
 
-Each atomic function has a name, a group (the taxonomy of ALGORITHMS.md), a
+Each atomic function has a name, a group (its kind: selection, min_max, filter,
+arithmetic, ...; with the answer type they give a question's task type), a
 signature (input types -> output type; a selection takes no input, it reads the
 table), `run(ctx, *inputs, **args)` and `sample(rng, ctx, *inputs) -> args`. A
 degenerate application raises `Reject(reason)`; the explorer counts the reasons.

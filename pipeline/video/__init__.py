@@ -1,4 +1,4 @@
-"""Image-to-video data (ALGORITHMS.md, "Image-to-video data (VEGGIE)").
+"""Image-to-video data (docs/methods.md, "Image-to-video data"; after VEGGIE).
 
 render.py     raster charts (PIL) and the camera warp
 edits.py      edit operations and their instructions

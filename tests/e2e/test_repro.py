@@ -99,6 +99,28 @@ def test_second_repro_runs_nothing(repo):
     assert "up to date" in dvc("status", cwd=repo).stdout.lower() or dvc("status", cwd=repo).stdout.strip() == ""
 
 
+def test_switching_profile_reruns_exactly_what_changed_and_switching_back_runs_nothing(repo):
+    """A profile extending `tiny` with other PRM and DPO settings: exactly prm and dpo are stale; the run re-runs
+    them and what depends on them; `--profile tiny` then restores every output from DVC's run-cache."""
+    (repo / "profiles/tiny_variant.yaml").write_text(yaml.safe_dump(
+        {"extends": "tiny", "params": {"prm": {"seed": 1}, "dpo": {"beta": 0.2}}}))
+    lock = (repo / "dvc.lock").read_text()
+    sh([sys.executable, "-m", "pipeline", "params", "--write", "--profile", "tiny_variant"], repo)
+    assert sorted(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["dpo", "prm"]
+    proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)  # params.yaml as it now stands
+    assert ran_stages(proc.stdout + proc.stderr) == sorted(["prm", "dpo", "report", *EVALUATED])
+    diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)["params.yaml"]
+    assert (diff["prm.seed"]["old"], diff["prm.seed"]["new"]) == (0, 1)  # DVC records what ran
+
+    proc = sh([sys.executable, "-m", "pipeline", "repro", "--profile", "tiny"], repo)
+    out = proc.stdout + proc.stderr
+    assert ran_stages(out) == [], "switching back must restore from the run-cache, not execute"
+    assert "is cached - skipping run, checking out outputs" in out
+    assert (repo / "dvc.lock").read_text() == lock  # the same outputs, hash for hash
+    assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
+    (repo / "profiles/tiny_variant.yaml").unlink()
+
+
 def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo, monkeypatch):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["sft"]["learning_rate"] = 0.002

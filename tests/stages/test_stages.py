@@ -530,7 +530,7 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
     params = yaml.safe_load(Path("params.yaml").read_text())
     params["teacher"] = {"backend": "openai", "base_url": url, "model": "local",
                          "api_key_env": "STAGE_TEACHER_KEY", "concurrency": 4, "timeout_s": 30}
-    params["evaluate"] = {**params["evaluate"], "splits": ["test"]}
+    params["evaluate"] = {**params["evaluate"], "splits": ["test"], "sampled_splits": ["test"]}
     write_params(folder, params)
     monkeypatch.chdir(folder)
     try:
@@ -571,7 +571,7 @@ def test_transformers_teacher_references_a_saved_model(workspace, monkeypatch):
     saved = (workspace / paths.model_dir("teacher")).resolve()
     params = yaml.safe_load(Path("params.yaml").read_text())
     params["teacher"] = {"backend": "transformers", "model": str(saved)}
-    params["evaluate"] = {**params["evaluate"], "splits": ["test"]}
+    params["evaluate"] = {**params["evaluate"], "splits": ["test"], "sampled_splits": ["test"]}
     write_params(folder, params)
     monkeypatch.chdir(folder)
     teacher.main()

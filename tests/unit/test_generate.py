@@ -97,7 +97,7 @@ def test_more_train_questions_keep_the_question_split_and_new_tables(small):
 
 
 def test_more_questions_of_a_held_out_split_keep_its_texts_and_draw_new_tables(small):
-    """A bigger val or test (bench/prm_selection.py --fresh-seed): only texts the hash puts in that split."""
+    """A bigger val or test (experiments/prm_selection.py --fresh-seed): only texts the hash puts in that split."""
     rows, _ = small
     fresh = more_questions(SMALL, 25, seed=4, split="test", prefix="fresh")  # 25 of 10: the sizes scaled by 3
     assert len(fresh) == 25 and fresh[0]["id"] == "fresh-000000" and {r["split"] for r in fresh} == {"test"}

@@ -58,8 +58,9 @@ def test_the_default_tokenizer_survives_save_and_load(tmp_path):
     assert loaded.tokenize("Wed: 17")[-2:] == [":", "Ġ17"]  # a chart value is one token, its space with it
     # no token holds more than two digits or digits of two numbers ("1" "5" here: "15" alone is rare in CORPUS)
     assert all(sum(c.isdigit() for c in t) <= 2 for p in PROBES for t in loaded.tokenize(p))
-    # The README's way to load it in one's own code, and the trap it names: AutoTokenizer's Qwen2Tokenizer
-    # splits the space off again (if a transformers release stops doing so, the README's warning can go).
+    # The way to load it in one's own code, and the trap of docs/experiments/autotokenizer-reload-trap.md:
+    # AutoTokenizer's Qwen2Tokenizer splits the space off again (if a transformers release stops doing so,
+    # the warnings against AutoTokenizer can go).
     assert encodings(PreTrainedTokenizerFast.from_pretrained(str(folder))) == encodings(tokenizer)
     assert AutoTokenizer.from_pretrained(str(folder)).tokenize("Wed: 17")[-4:] == [":", "Ġ", "1", "7"]
 

@@ -427,7 +427,7 @@ def test_loading_a_policy_as_the_prm_fails_with_a_clear_message(tokenizer, prm, 
 
 
 def test_within_question_pair_accuracy_ignores_question_difficulty():
-    from stages.prm import within_question
+    from pipeline.prm import within_question
 
     rows = [{"id": "q", "steps": ["Step 1: a", "Answer: 1"], "labels": [1.0, 1.0]},
             {"id": "q", "steps": ["Answer: 2"], "labels": [0.0]},

@@ -56,7 +56,7 @@ def test_policy_pairs_need_a_right_and_a_distinct_wrong_rollout():
 
 
 @pytest.mark.parametrize(("p0", "beta", "expected"), [
-    (0.2, 2, 0.4087), (0.2, 5, 0.2807), (0.5, 5, 0.6007), (0.05, 10, 0.0719),  # ALGORITHMS.md's checks
+    (0.2, 2, 0.4087), (0.2, 5, 0.2807), (0.5, 5, 0.6007), (0.05, 10, 0.0719),  # p* of docs/methods.md's recurrence
 ])
 def test_success_amplification_fixed_point(p0, beta, expected):
     p = success_amplification(p0, beta)

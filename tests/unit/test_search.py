@@ -157,6 +157,8 @@ def test_decoder_maj_and_best_of_n_on_the_same_samples():
     assert out["maj_at_n"]["vs_greedy"] == {"difference": -0.5, "standard_error": 0.5}
     assert out["prm_best_of_n"]["vs_greedy"] == {"difference": 0.5, "standard_error": 0.5}
     assert "vs_greedy" not in out["greedy"]
+    # one right sample of three on each question: a random pick is right a third of the time, the PRM's every time
+    assert out["prm_best_of_n"]["vs_random"] == {"random_pick": 0.3333, "difference": 0.6667, "standard_error": 0.0}
 
 
 def test_paired_difference_of_hand_counted_answers():
@@ -187,6 +189,22 @@ def test_ceilings_of_best_of_n_a_perfect_outcome_and_a_perfect_step_verifier():
     # question 1: both step-right candidates tie on steps, the PRM prefers the wrong answer among them (0.5 > 0.2);
     # question 2: the one step-right candidate is the right one, though the PRM scores it lower
     assert out == {"pass_at_n": 1.0, "step_oracle": 0.5, "all_steps_right": 0.6}
+
+
+def test_searches_run_on_the_first_search_questions_and_pair_with_greedy_there():
+    cfg = DecodingConfig(strategies=["greedy", "prm_beam", "prm_mcts"], n=2, beam_width=1, mcts_iterations=2,
+                         mcts_children=2, search_questions=1)
+    policy = ScriptedPolicy({(): ["Step 1: a.", "Step 1: b."], ("Step 1: a.",): ["Answer: 1"],
+                             ("Step 1: b.",): ["Answer: 9"]})
+    scorer = FixedScorer({"Answer: 1": 0.9, "Answer: 9": 0.2})
+    greedy = [("Answer: 9", 4), ("Answer: 2", 4)]  # wrong on question 1, right on question 2
+    out = Decoder(cfg, scorer, policy).run(ROWS, greedy, 2.0, [[("", 0)] * 2] * 2, 1.0)
+    assert out["greedy"]["questions"] == 2 and out["greedy"]["accuracy"] == 0.5
+    for strategy in ("prm_beam", "prm_mcts"):
+        # one question, answered right: +1 against greedy's wrong answer there, not against greedy's 0.5 overall
+        assert out[strategy]["questions"] == 1 and out[strategy]["accuracy"] == 1.0, strategy
+        assert out[strategy]["vs_greedy"] == {"difference": 1.0, "standard_error": None}, strategy
+    assert len([c for c in policy.calls if c[0] == ()]) == 2  # each search started from question 1's root only
 
 
 def test_decoder_skips_prm_strategies_without_a_prm():

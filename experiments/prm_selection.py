@@ -1,4 +1,4 @@
-"""python bench/prm_selection.py [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8] [--fresh-seed 2]
+"""python -m experiments.prm_selection [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8] [--fresh-seed 2]
 
 How should the PRM pick among N samples, and from which samples? Side by side
 on the same questions, the same samples and the same PRM (models/prm), for
@@ -48,7 +48,7 @@ from pipeline import paths
 from pipeline.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
 from pipeline.evaluation import majority_vote, vote_key
-from pipeline.generation import LocalSampler, pad, pad_id
+from pipeline.generation import LocalSampler, pad
 from pipeline.grading import extract_answer
 from pipeline.io import read_rows
 from pipeline.models import load_model

@@ -1,7 +1,7 @@
-"""python bench/rank_probe.py [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--replay 8] [--lr 1e-3] [--threads 1] [--save DIR]
+"""python -m experiments.rank_probe [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--replay 8] [--lr 1e-3] [--threads 1] [--save DIR]
 
 Can the student's architecture learn the ranking step that best-of-N and the
-PRM miss most (HISTORY.md, "Where best-of-4 still loses")? Runs the `sft` stage's
+PRM miss most (docs/experiments/best-of-n-on-500-questions.md)? Runs the `sft` stage's
 ranking drill (its last phase, `sft.rank_drill`; pipeline/drills.train_rank_drill:
 "The largest of them is" after a listed set, worded as the rationales word it,
 on new random tables) on a saved model (`--init`: the drilled `models/base`, or

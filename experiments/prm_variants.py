@@ -1,8 +1,8 @@
-"""python bench/prm_variants.py '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"init": {"hidden_size": 256}}'
+"""python -m experiments.prm_variants '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"init": {"hidden_size": 256}}'
 
 One PRM per JSON argument, each measured the way the issue's targets are stated:
 held-out AUROC and within-question pair accuracy on data/prm_data/val.parquet
-(stages.prm.held_out), and best-of-N accuracy against greedy and maj@N on the
+(pipeline.prm.held_out), and best-of-N accuracy against greedy and maj@N on the
 first `--questions` test questions, all variants picking among the same N samples
 of the policy (`prm_data.policy`, at `evaluate.k_temperature`).
 
@@ -15,7 +15,9 @@ Each variant trains on what the `prm` stage would under its params (labelled pat
   `prm_data.chain_questions` = k would add (to the chain loss and the contrast paths);
 - "init": {base params} trains the PRM from a fresh LM of that size (vocabulary of
   models/base) SFT-trained on the gold rationales first ("epochs": SFT epochs,
-  default `sft.num_train_epochs`; "sft": {other sft params}) instead of from the policy.
+  default `sft.num_train_epochs`; "sft": {other sft params}) instead of from the policy;
+- "policy": DIR trains the PRM from the model in DIR (one with the policy's tokenizer, e.g. one that
+  `python -m experiments.rank_probe --save DIR` drilled otherwise) instead of from `prm_data.policy`.
 `--save DIR` keeps each PRM (DIR/prm-i). Nothing under models/ or data/ changes. Needs data/prm_data and the policy (run `make run`).
 """
 
@@ -42,9 +44,8 @@ from pipeline.generation import LocalSampler
 from pipeline.grading import step_value
 from pipeline.io import read_rows, sample_rows
 from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
-from pipeline.prm import AGGREGATIONS, PRMScorer, line_labels, prm_from_policy
-from stages.prm import held_out, training_rows
-from stages.prm_data import chain_rows, new_questions
+from pipeline.prm import (AGGREGATIONS, PRMScorer, chain_rows, held_out, line_labels, new_questions, prm_from_policy,
+                          training_rows)
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")
@@ -156,7 +157,7 @@ def main() -> None:
     parser.add_argument("--perturbed-questions", type=int, default=3000)
     parser.add_argument("--limit", type=int, default=None, help="the first N training paths per variant, prm_data's before any contrast or perturbed ones, and the first N gold chains (smoke runs)")
     parser.add_argument("--save", type=Path, default=None,
-                        help="keep variant i's PRM in SAVE/prm-i (compare them with bench/prm_selection.py --prm)")
+                        help="keep variant i's PRM in SAVE/prm-i (compare them with `python -m experiments.prm_selection --prm`)")
     parser.add_argument("--out", type=Path, default=None, help="also append one JSON line per variant to this file")
     args = parser.parse_args()
     no_dvclive()
@@ -187,6 +188,7 @@ def main() -> None:
         for i, text in enumerate(args.variants):
             variant = json.loads(text)
             init, copies = variant.pop("init", None), variant.pop("perturbed", 0)
+            start_from = variant.pop("policy", None)
             more_chains = extra_chains(data_cfg, variant.pop("chain_questions", 0))
             cfg = base_cfg.model_copy(update=variant)
             PRMConfig.model_validate(cfg.model_dump())
@@ -198,7 +200,8 @@ def main() -> None:
                 pool = sample_rows([q for q in questions if q["id"] not in used], args.perturbed_questions, rng)
                 rows = rows + perturbed_rows(pool, copies, rng)
             rows = rows[: args.limit] + chains[: args.limit]
-            folder = init_model(init, Path(tmp), cache) if init else paths.model_dir(data_cfg.policy)
+            folder = (init_model(init, Path(tmp), cache) if init else Path(start_from) if start_from
+                      else paths.model_dir(data_cfg.policy))
             start = time.perf_counter()  # the init's SFT is timed apart (it runs once per init, then is cached)
             torch.manual_seed(cfg.seed)
             model = prm_from_policy(folder, cfg.extra_layers).to(default_device())

@@ -1,10 +1,10 @@
-"""python bench/policy_greedy.py DIR [DIR ...] [--split val] [--questions 600] [--fresh-seed 3]
+"""python -m experiments.policy_greedy DIR [DIR ...] [--split val] [--questions 600] [--fresh-seed 3]
 
 Greedy accuracy of saved policies, in all and per task type, side by side on
 the same new questions: `--questions` val- or test-like questions drawn by the
 CoF generator with `--fresh-seed` (new tables; question texts the split hash
 puts in that split), so that a policy changed outside the DAG (e.g. drilled by
-`bench/rank_probe.py --save`) is compared with `models/sft` on questions
+`python -m experiments.rank_probe --save`) is compared with `models/sft` on questions
 neither was chosen on. Prints one line per policy.
 """
 
@@ -20,7 +20,8 @@ import torch
 from pipeline.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
 from pipeline.evaluation import score
-from prm_selection import draw  # bench/ is on sys.path when run as a script: the same greedy decoding
+from pipeline.generation import LocalSampler
+from pipeline.models import load_model
 
 
 def main() -> None:
@@ -37,9 +38,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = more_questions(synth, args.questions, args.fresh_seed, args.split, prefix=f"fresh-{args.split}")
     for path in args.policies:
+        policy, tokenizer = load_model(path)
+        # The greedy decoding experiments/prm_selection.py compares its selection rules with.
+        greedy = LocalSampler(policy, tokenizer, 64).sample([r["prompt"] for r in rows], n=1, temperature=0.0,
+                                                            top_p=1.0, max_new_tokens=192, seed=0)
         right: dict[str, list[bool]] = defaultdict(list)
-        for row, (text,) in zip(rows, draw(path, rows, 1, [])["greedy"]):
-            right[row["task_type"]].append(score(row, text, 0)["correct"])
+        for row, (gen,) in zip(rows, greedy):
+            right[row["task_type"]].append(score(row, gen.text, 0)["correct"])
         total = [c for v in right.values() for c in v]
         print(json.dumps({"policy": str(path), "greedy": round(sum(total) / len(total), 3),
                           "by_task_type": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(right.items())}}), flush=True)

@@ -1,14 +1,14 @@
-"""python bench/drill_seeds.py --vocab-size 866 --seeds 0 1 2 3 [--threads 1]
+"""python -m experiments.drill_seeds --vocab-size 866 --seeds 0 1 2 3 [--threads 1]
 
 How often does an init learn the numeric lookup? For each seed, stage base's
 recipe without the gate: its tokenizer (trained on the training corpus at
 `--vocab-size`), a fresh student of `base`'s size at that seed, then
 `base.drills` (pipeline/drills.train_drills) on the same seeded tables. Prints
 one JSON line per seed: the colour and numbers drills' held-out exact match
-(numbers also by key kind) and seconds. The README's "Reading the table"
+(numbers also by key kind) and seconds. docs/experiments/numeric-lookup-clicks.md
 quotes it for `base.drills.gate` and `restarts`. Needs data/synthesize
-(`make run`); nothing is saved. Results depend on the thread count (seed 0 at
-866 tokens: 1.0 on one thread, 0.985 on the default run's two).
+(`make run`); nothing is saved. Results depend on the thread count (`--threads`;
+the same seed can read differently on one thread and on the default run's two).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from pipeline import paths
 from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
 from pipeline.drills import train_drills
 from pipeline.io import read_rows
-from pipeline.models import build_student
-from stages.base import run as build_base
+from pipeline.models import base_model, build_student
 
 
 def main() -> None:
@@ -39,7 +38,7 @@ def main() -> None:
         cfg = cfg.model_copy(update={"vocab_size": args.vocab_size})
     synth = load_section("synthesize", SynthesizeConfig)
     rows = read_rows(paths.split_file("train"), required=("prompt", "rationale"))
-    _, tokenizer = build_base(cfg, rows)  # the stage's own tokenizer (its undrilled model is not used)
+    _, tokenizer = base_model(cfg, rows)  # the stage's own tokenizer (its undrilled model is not used)
     for seed in args.seeds:
         start = time.time()
         model = build_student(cfg.model_copy(update={"seed": seed}), tokenizer)

@@ -1,4 +1,4 @@
-"""python bench/prm_step_kinds.py [models/prm ...]
+"""python -m experiments.prm_step_kinds [models/prm ...]
 
 Where is the PRM blind? Held-out AUROC per kind of step on the labelled lines
 of data/prm_data/val.parquet: a line's kind is the rationale template

@@ -1,8 +1,8 @@
-"""python bench/rl_sweep.py '{"learning_rate": 3e-4, "guided_replay": false}' [...more JSON overrides]
+"""python -m experiments.rl_sweep '{"learning_rate": 3e-4, "guided_replay": false}' [...more JSON overrides]
 
 One GRPO (or TBRM) or DPO run per JSON argument, from models/sft on data/mine, each
 followed by greedy test accuracy (and ood with --ood): the quick loop behind the
-sweep tables in README.md. Keys are `grpo` params; also `"weights": {...}` for the
+sweep tables of docs/experiments/rl-sweep-5-epoch-student.md. Keys are `grpo` params; also `"weights": {...}` for the
 `rewards` weights, `"drop_buckets": ["unsolved"]` to leave mined buckets out, and
 `"dpo": {...}` to run DPO with those `dpo` params instead. Nothing under models/ changes.
 Needs data/mine and models/sft (run `make run` first).

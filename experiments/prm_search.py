@@ -1,11 +1,11 @@
-"""python bench/prm_search.py [--models sft grpo] [--split val] [--questions 600] [--fresh-seed 3] [--iterations 12,24] [--beam]
+"""python -m experiments.prm_search [--models sft grpo] [--split val] [--questions 600] [--fresh-seed 3] [--iterations 12,24] [--beam]
 
 Does PRM-guided search hold beyond the evaluated test split? Runs greedy
 decoding, PRM-MCTS (pipeline.search.prm_mcts, at each `--iterations`, with
 `evaluate.decoding`'s children, UCB constant and step limits) and, with
 `--beam`, step-level beam search, on `--questions` new val or test questions
 (`--fresh-seed`: new tables and chains from the CoF generator, as
-bench/prm_selection.py draws them), with `models/prm`. Prints each strategy's
+experiments/prm_selection.py draws them), with `models/prm`. Prints each strategy's
 accuracy and its paired difference from greedy with the standard error, per
 model. Nothing under models/, data/ or metrics/ changes.
 """

@@ -1,6 +1,9 @@
-"""bench/prm_selection.py's selection rules on one hand-made question (the README quotes their numbers)."""
+"""experiments/prm_selection.py's selection rules on one hand-made question.
 
-from bench.prm_selection import by_type, dump, rank_sum, rules
+Study `why-best-of-n-stayed-near-greedy` quotes what these rules picked on real samples.
+"""
+
+from experiments.prm_selection import by_type, dump, rank_sum, rules
 
 
 def cand(scores, lik, answer, right):

@@ -1,0 +1,287 @@
+"""Profiles: named sets of overrides that resolve into `params.yaml`.
+
+`params.yaml` is what every stage reads and what DVC records. It is written,
+with every key spelled out, from three layers:
+
+1. the schema's defaults (`pipeline/config.py`): the quick default;
+2. a profile, `profiles/<name>.yaml`: a small file of overrides (`research`,
+   `tiny`, ...), which may extend another profile; `default` is the empty one;
+3. `-S key=value` overrides (the value read as YAML), and `--seed N`.
+
+The file's header records the profile and the overrides, so a later
+`--profile` run can tell a hand edit (which it refuses to overwrite, naming
+the keys) from its own output. `python -m pipeline params` prints or writes
+the resolution; `python -m pipeline repro --profile NAME` writes it, then runs.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from pipeline.config import SECTIONS, ConfigError, Section, params_path, parse_section, read_mapping, read_params
+from pipeline.io import atomic_write_text
+
+PROFILES_DIR = Path("profiles")
+DEFAULT = "default"
+# Keys a profile file may hold besides `params`.
+PROFILE_KEYS = {"description", "extends", "params"}
+# The header lines that record how params.yaml was resolved.
+_HEADER_PROFILE = re.compile(r"^# profile: (\S+)$")
+_HEADER_SET = re.compile(r"^# set: (.+)$")
+
+
+def profiles_dir(root: Path | None = None) -> Path:
+    return (root or Path.cwd()) / PROFILES_DIR
+
+
+def names(root: Path | None = None) -> list[str]:
+    """Every profile that exists: `default` and each profiles/<name>.yaml."""
+    folder = profiles_dir(root)
+    found = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return [DEFAULT, *(n for n in found if n != DEFAULT)]
+
+
+def unknown_profile(name: str, root: Path | None = None) -> ConfigError:
+    return ConfigError(f"unknown profile {name!r}; profiles: {', '.join(names(root))}")
+
+
+def read_profile(name: str, root: Path | None = None) -> dict:
+    """A profile file's mapping ({} for `default`), its keys checked."""
+    if name == DEFAULT:
+        return {}
+    path = profiles_dir(root) / f"{name}.yaml"
+    if not path.is_file():
+        raise unknown_profile(name, root)
+    data = read_mapping(path, "description, extends, params")
+    extra = sorted(set(data) - PROFILE_KEYS)
+    if extra:
+        raise ConfigError(f"{path}: {extra[0]}: unknown key (known: {', '.join(sorted(PROFILE_KEYS))})")
+    if not isinstance(data.get("params") or {}, dict):
+        raise ConfigError(f"{path}: params: must be a mapping of sections")
+    return data
+
+
+def overrides(name: str, root: Path | None = None, _seen: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """[(source, overrides)] of a profile and the profiles it extends, the base first."""
+    if name in _seen:
+        raise ConfigError(f"profiles: {' -> '.join((*_seen, name))}: a profile cannot extend itself")
+    data = read_profile(name, root)
+    chain = overrides(data["extends"], root, (*_seen, name)) if data.get("extends") else []
+    source = str(PROFILES_DIR / f"{name}.yaml")
+    return chain + ([(source, data["params"])] if data.get("params") else [])
+
+
+def defaults() -> dict:
+    """The quick default: every section's schema defaults, as plain YAML values."""
+    return {name: model().model_dump(mode="json") for name, model in SECTIONS.items()}
+
+
+def merge(base: dict, over: dict, source: str, prefix: str = "") -> dict:
+    """`base` with `over` applied: nested sections merge key by key; any other value replaces.
+
+    A key `base` does not have fails, naming `source` and the dotted key: a
+    typo in a profile must not be a silent no-op. Dict-valued params whose
+    keys are data (`rewards.weights`, `animate.edit_ops`) are replaced whole.
+    """
+    out = dict(base)
+    for key, value in over.items():
+        dotted = f"{prefix}{key}"
+        if key not in base:
+            raise ConfigError(f"{source}: {dotted}: unknown key")
+        if isinstance(value, dict) and isinstance(base[key], dict) and _is_section(dotted):
+            out[key] = merge(base[key], value, source, f"{dotted}.")
+        else:
+            out[key] = value
+    return out
+
+
+def _is_section(dotted: str) -> bool:
+    """Whether a dotted key names a params section or a nested section model (not a dict-valued field)."""
+    parts = dotted.split(".")
+    model: type[BaseModel] | None = SECTIONS.get(parts[0])
+    for part in parts[1:]:
+        field = model.model_fields.get(part) if model else None
+        annotation = field.annotation if field else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
+    return model is not None
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """'sft.learning_rate=0.002' -> ('sft.learning_rate', 0.002): the value read as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip() or " " in key.strip():
+        raise ConfigError(f"-S {item!r}: expected key=value, e.g. sft.learning_rate=0.002")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"-S {item!r}: the value is not valid YAML: {exc}") from None
+    return key.strip(), value
+
+
+def nested(key: str, value: Any) -> dict:
+    """'a.b.c', v -> {'a': {'b': {'c': v}}}."""
+    out: Any = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
+def compact(sets: Sequence[str]) -> list[str]:
+    """Overrides with only the last of each key, in the order their keys were last set."""
+    keys = [parse_set(item)[0] for item in sets]
+    return [item for i, item in enumerate(sets) if keys[i] not in keys[i + 1 :]]
+
+
+def seed_sets(seed: int) -> list[str]:
+    """`--seed N` as overrides: every `seed` key of every section to N, and prm_data.question_seed to N + 1
+    (the PRM's new questions are drawn with another seed than synthesize's)."""
+    sets = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, Section):
+                walk(annotation, f"{prefix}{name}.")
+            elif name == "seed":
+                sets.append(f"{prefix}seed={seed}")
+
+    for section, model in SECTIONS.items():
+        walk(model, f"{section}.")
+    return sets + [f"prm_data.question_seed={seed + 1}"]
+
+
+def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None = None) -> dict:
+    """The full params of `profile` with `sets` on top, every section validated by its schema."""
+    params = defaults()
+    for source, over in overrides(profile, root):
+        params = merge(params, over, source)
+    for item in sets:
+        key, value = parse_set(item)
+        params = merge(params, nested(key, value), f"-S {item}")
+    return {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
+            for name in SECTIONS}
+
+
+# --- params.yaml as text: a header, then every section with its field descriptions as comments ---
+
+HEADER = """\
+# The resolved params: what every stage reads and DVC records (dvc.lock, dvc params diff).
+# Written by `python -m pipeline params --write` or `python -m pipeline repro --profile NAME`
+# from the schema's defaults (pipeline/config.py: the quick default), profiles/NAME.yaml
+# and -S overrides; the two lines below say which. Edit by hand as you like: a later
+# --profile run refuses to overwrite values that differ from what these lines resolve to.
+"""
+
+
+def render(params: dict, profile: str = DEFAULT, sets: Sequence[str] = ()) -> str:
+    """params.yaml's text: the header, then each section with its fields' descriptions as comments."""
+    lines = HEADER.splitlines() + [f"# profile: {profile}"] + [f"# set: {s}" for s in sets]
+    for name, model in SECTIONS.items():
+        lines += ["", *_comment(_doc(model), ""), f"{name}:"]
+        lines += _fields(model, params[name], "  ")
+    return "\n".join(lines) + "\n"
+
+
+def _doc(model: type[BaseModel]) -> str:
+    return (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+
+
+def _comment(text: str, indent: str, width: int = 100) -> list[str]:
+    if not text:
+        return []
+    return textwrap.wrap(text, width=width, initial_indent=f"{indent}# ", subsequent_indent=f"{indent}# ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+WIDTH = 110  # a field's description goes after its value when the line stays this short, else above it
+
+
+def _fields(model: type[BaseModel], values: dict, indent: str) -> list[str]:
+    lines = []
+    for key, field in model.model_fields.items():
+        about = field.description or ""
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, Section):
+            lines += [*_comment(about, indent), f"{indent}{key}:", *_fields(annotation, values[key], indent + "  ")]
+            continue
+        line = f"{indent}{key}: {_scalar(values[key])}"
+        if about and len(line) + 3 + len(about) <= WIDTH:
+            lines.append(f"{line}  # {about}")
+        else:
+            lines += [*_comment(about, indent), line]
+    return lines
+
+
+def _scalar(value: Any) -> str:
+    """One value in YAML flow style on one line: 0.001, null, [bar, line], {accuracy: 1.0}."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def header_of(text: str) -> tuple[str | None, list[str]]:
+    """(profile, sets) recorded in a params.yaml header; (None, []) when it has none."""
+    profile, sets = None, []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if m := _HEADER_PROFILE.match(line):
+            profile = m.group(1)
+        elif m := _HEADER_SET.match(line):
+            sets.append(m.group(1))
+    return profile, sets
+
+
+def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two params mappings."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def hand_edits(path: Path | None = None, root: Path | None = None) -> list[str]:
+    """Keys of params.yaml whose values differ from what its header's profile and overrides resolve to.
+
+    A file with no header, or one its header cannot resolve (a profile since removed), counts as
+    wholly hand-written: ['*'].
+    """
+    path = path or params_path()
+    if not path.exists():
+        return []
+    profile, sets = header_of(path.read_text())
+    if profile is None:
+        return ["*"]
+    try:
+        expected = resolve(profile, sets, root)
+    except ConfigError:
+        return ["*"]
+    return differences(read_params(path), expected)
+
+
+def write(profile: str = DEFAULT, sets: Sequence[str] = (), path: Path | None = None, root: Path | None = None
+          ) -> bool:
+    """Resolve and write params.yaml (atomically); True when its text changed.
+
+    Refuses (ConfigError, nothing written) when the file holds values its own header does not
+    explain, so a hand edit is never lost to a profile switch.
+    """
+    path = path or params_path()
+    text = render(resolve(profile, sets, root), profile, sets)  # a bad profile or -S fails before the check
+    if path.exists() and path.read_text() == text:
+        return False
+    edited = hand_edits(path, root)
+    if edited:
+        keys = "the whole file (no profile header)" if edited == ["*"] else ", ".join(edited[:8])
+        raise ConfigError(f"{path}: hand edits not in its profile: {keys}. Pass them as -S key=value (they "
+                          f"compose with --profile), or discard them (git checkout {path}), then run again")
+    atomic_write_text(path, text)
+    return True

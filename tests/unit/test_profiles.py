@@ -1,0 +1,190 @@
+"""Profiles: resolution, composition with -S, hand-edit protection, the CLI's refusals.
+
+The resolved params of every profile are committed (tests/unit/resolved/<name>.yaml,
+written by `python -m pipeline params --profile NAME`): a change to a default in
+pipeline/config.py that reaches a profile fails here until the expected file is
+regenerated on purpose, so `research` keeps reproducing the numbers it was run with.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import profiles
+from pipeline.config import SECTIONS, ConfigError, load_section, validate_all
+
+ROOT = Path(__file__).resolve().parents[2]
+RESOLVED = Path(__file__).parent / "resolved"
+
+
+def test_params_yaml_is_the_resolution_its_header_names():
+    text = (ROOT / "params.yaml").read_text()
+    assert profiles.header_of(text) == ("default", [])
+    assert yaml.safe_load(text) == profiles.resolve("default", root=ROOT) == profiles.defaults()
+
+
+@pytest.mark.parametrize("name", [n for n in profiles.names(ROOT) if n != "default"])
+def test_each_profile_resolves_to_its_committed_file(name):
+    expected = RESOLVED / f"{name}.yaml"
+    assert expected.exists(), f"write it: python -m pipeline params --profile {name} > {expected.relative_to(ROOT)}"
+    assert profiles.resolve(name, root=ROOT) == yaml.safe_load(expected.read_text()), (
+        f"profile {name} resolves differently from {expected.relative_to(ROOT)}; if the change is meant, regenerate it")
+
+
+def test_every_committed_resolution_has_its_profile():
+    assert {p.stem for p in RESOLVED.glob("*.yaml")} == set(profiles.names(ROOT)) - {"default"}
+
+
+@pytest.mark.parametrize("name", profiles.names(ROOT))
+def test_render_round_trips_and_every_key_is_spelled_out(name, tmp_path):
+    params = profiles.resolve(name, root=ROOT)
+    path = tmp_path / "params.yaml"
+    path.write_text(profiles.render(params, name))
+    assert yaml.safe_load(path.read_text()) == params
+    sections = validate_all(path)  # complete: a missing key would fail here
+    assert {n: s.model_dump(mode="json") for n, s in sections.items()} == params
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A project root with two profiles: `big` and `small` (which extends big)."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles/big.yaml").write_text(yaml.safe_dump(
+        {"description": "big", "params": {"sft": {"num_train_epochs": 9, "learning_rate": 0.001},
+                                          "rewards": {"weights": {"accuracy": 1.0, "cosine": 0.5}}}}))
+    (tmp_path / "profiles/small.yaml").write_text(yaml.safe_dump(
+        {"extends": "big", "params": {"sft": {"learning_rate": 0.002}}}))
+    return tmp_path
+
+
+def test_profiles_layer_on_the_defaults_and_on_each_other(root):
+    quick = profiles.resolve("default", root=root)
+    small = profiles.resolve("small", root=root)
+    assert small["sft"]["num_train_epochs"] == 9.0 and small["sft"]["learning_rate"] == 0.002
+    # everything a profile does not name is the quick default
+    assert {k: v for k, v in small.items() if k not in ("sft", "rewards")} == \
+        {k: v for k, v in quick.items() if k not in ("sft", "rewards")}
+    # a dict-valued param is replaced whole, not merged key by key (format and step_correctness are gone)
+    assert small["rewards"]["weights"] == {"accuracy": 1.0, "cosine": 0.5}
+    assert profiles.names(root) == ["default", "big", "small"]
+
+
+def test_set_composes_on_top_of_a_profile(root):
+    params = profiles.resolve("small", ["sft.learning_rate=0.0005", "evaluate.decoding.n=4",
+                                        "synthesize.chart_types=[bar]"], root=root)
+    assert params["sft"]["learning_rate"] == 0.0005 and params["sft"]["num_train_epochs"] == 9.0
+    assert params["evaluate"]["decoding"]["n"] == 4 and params["synthesize"]["chart_types"] == ["bar"]
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["sft.learning_rat=0.1"], r"-S sft.learning_rat=0.1: sft.learning_rat: unknown key"),
+    (["sftt.seed=1"], r"sftt: unknown key"),
+    (["sft.learning_rate"], r"expected key=value"),
+    (["sft.learning_rate=-1"], r"sft.learning_rate: .*greater than 0"),
+    (["evaluate.decoding.n=[unclosed"], r"not valid YAML"),
+])
+def test_bad_overrides_name_the_key(root, sets, message):
+    with pytest.raises(ConfigError, match=message):
+        profiles.resolve("small", sets, root=root)
+
+
+def test_bad_profiles_name_the_file_and_key(root):
+    (root / "profiles/typo.yaml").write_text(yaml.safe_dump({"params": {"sft": {"epochs": 3}}}))
+    with pytest.raises(ConfigError, match=r"profiles/typo.yaml: sft.epochs: unknown key"):
+        profiles.resolve("typo", root=root)
+    (root / "profiles/extra.yaml").write_text(yaml.safe_dump({"sft": {"seed": 1}}))
+    with pytest.raises(ConfigError, match=r"extra.yaml: sft: unknown key"):
+        profiles.resolve("extra", root=root)
+    (root / "profiles/loop.yaml").write_text(yaml.safe_dump({"extends": "loop"}))
+    with pytest.raises(ConfigError, match="cannot extend itself"):
+        profiles.resolve("loop", root=root)
+    with pytest.raises(ConfigError, match=r"unknown profile 'nope'; profiles: default, big, extra, loop, small, typo"):
+        profiles.resolve("nope", root=root)
+
+
+def test_seed_sets_every_seed_and_the_new_question_seed():
+    sets = profiles.seed_sets(3)
+    params = profiles.resolve("default", sets, root=ROOT)
+    seeds = [k for k in sets if k.endswith(".seed=3")]
+    assert len(seeds) == 14  # every section's seed, and the nested drills' and teacher.train's
+    assert params["sft"]["seed"] == params["base"]["drills"]["seed"] == params["teacher"]["train"]["seed"] == 3
+    assert params["prm_data"]["question_seed"] == 4 != params["synthesize"]["seed"]
+    assert profiles.resolve("default", profiles.seed_sets(0), root=ROOT) == profiles.defaults()
+
+
+def test_compact_keeps_the_last_value_of_each_key():
+    assert profiles.compact(["a.b=1", "c=2", "a.b=3", "c=2"]) == ["a.b=3", "c=2"]
+
+
+def test_write_records_the_profile_and_refuses_to_lose_a_hand_edit(root):
+    path = root / "params.yaml"
+    assert profiles.write("small", ["sft.seed=4"], path, root) is True
+    assert profiles.header_of(path.read_text()) == ("small", ["sft.seed=4"])
+    assert profiles.hand_edits(path, root) == []
+    assert profiles.write("small", ["sft.seed=4"], path, root) is False  # same text: the file is not touched
+    assert profiles.write("big", [], path, root) is True  # switching needs no edit to be lost
+
+    edited = path.read_text().replace("\n  beta: 0.1 ", "\n  beta: 0.3 ", 1)  # dpo's; grpo's is 0.04
+    path.write_text(edited)
+    assert profiles.hand_edits(path, root) == ["dpo.beta"]
+    with pytest.raises(ConfigError, match=r"hand edits not in its profile: dpo.beta.*-S key=value"):
+        profiles.write("small", [], path, root)
+    assert path.read_text() == edited  # nothing lost
+    path.write_text("sft:\n  seed: 1\n")  # a file with no profile header
+    with pytest.raises(ConfigError, match="the whole file"):
+        profiles.write("small", [], path, root)
+
+
+def test_stages_refuse_a_params_file_with_a_key_left_out(tmp_path):
+    path = tmp_path / "params.yaml"
+    params = profiles.defaults()
+    del params["sft"]["logging_steps"], params["sft"]["rank_drill"]["steps"]
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match=r"sft.logging_steps, sft.rank_drill.steps: missing"):
+        load_section("sft", path=path)
+
+
+def test_section_models_are_the_whole_schema():
+    assert set(profiles.defaults()) == set(SECTIONS)
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    return tmp_path
+
+
+def test_unknown_profile_exits_2_before_any_work_and_changes_nothing(project):
+    before = (project / "params.yaml").read_text()
+    proc = cli("repro", "--profile", "nope", cwd=project)
+    assert proc.returncode == 2
+    assert "unknown profile 'nope'; profiles: default, " in proc.stderr and "research" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (project / "params.yaml").read_text() == before
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml", "profiles"]  # no server, no outputs
+
+
+def test_params_command_prints_writes_and_composes(project):
+    proc = cli("params", "--profile", "research", "-S", "sft.seed=7", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == profiles.resolve("research", ["sft.seed=7"], root=ROOT)
+    assert cli("params", "--write", "--profile", "research", cwd=project).returncode == 0
+    assert profiles.header_of((project / "params.yaml").read_text()) == ("research", [])
+    # -S alone composes on the profile params.yaml records, and is recorded too
+    assert cli("params", "--write", "-S", "dpo.beta=0.2", cwd=project).returncode == 0
+    assert profiles.header_of((project / "params.yaml").read_text()) == ("research", ["dpo.beta=0.2"])
+    assert yaml.safe_load((project / "params.yaml").read_text())["dpo"]["beta"] == 0.2
+    listed = cli("params", "--list", cwd=project).stdout.split("\n")
+    assert [line.split()[0] for line in listed if line] == profiles.names(ROOT)

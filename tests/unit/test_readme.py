@@ -1,0 +1,39 @@
+"""The README is a product page: short, its results table generated from the metrics, its links inside the repo."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.report import RESULT_COLUMNS, results_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+BEGIN, END = "<!-- results: python -m pipeline report --results -->", "<!-- /results -->"
+
+
+def test_the_results_table_is_what_the_metrics_say():
+    text = README.read_text()
+    assert BEGIN in text and END in text, f"README.md: the results table sits between {BEGIN} and {END}"
+    table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert table == results_markdown(ROOT), (
+        "README.md's results table differs from the metrics: paste `python -m pipeline report --results`")
+
+
+def test_every_results_column_has_its_metrics_and_provenance():
+    for _, folder in RESULT_COLUMNS:
+        assert (ROOT / folder / "evaluate" / "sft.json").exists(), folder
+        if folder != "metrics":  # a snapshot says how it was made
+            assert (ROOT / folder / "README.md").exists(), folder
+
+
+def test_readme_is_short_and_cites_only_files_in_the_repository():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    for doc in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
+        body = doc.read_text()
+        assert "../shared" not in body and "DESIGN.md" not in body and "ALGORITHMS.md" not in body, doc
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", body):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (doc.parent / target).resolve().exists(), f"{doc.relative_to(ROOT)}: broken link {target}"
