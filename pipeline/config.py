@@ -422,14 +422,15 @@ class PRMDataConfig(Section):
     seed: int = Field(0, description="question sample and sampling seed")
     policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
-    gold_questions: int = Field(2000, ge=1, description="gold labels: new training questions")
+    gold_questions: int = Field(4000, ge=1, description="gold labels: new training questions (why: study "
+                                "`quick-default`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
     temperature: float = Field(0.8, gt=0, description="gold labels: sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
     batch_size: int = Field(512, ge=1, description="sequences generated together")
     mcts_questions: int = Field(20, ge=0, description="MCTS labels: other new questions searched (0: gold labels only)")
-    chain_questions: int = Field(2000, ge=0, description="more new questions that give only their gold chain "
+    chain_questions: int = Field(0, ge=0, description="more new questions that give only their gold chain "
                                  "(chains.parquet holds the chains of every new question; why: study "
                                  "`prm-gold-chains-12000-and-24000`)")
     iterations: int = Field(8, ge=1, description="MCTS iterations per question (PROPA: 20)")
@@ -462,8 +463,8 @@ class PRMConfig(Section):
     learning_rate: float = Field(2e-3, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
-    num_train_epochs: float = Field(1.0, gt=0, description="passes over the labelled paths (why: studies "
-                                    "`prm-contrast-paths`, `prm-epochs-and-length-grouping`)")
+    num_train_epochs: float = Field(1.5, gt=0, description="passes over the labelled paths (why: studies "
+                                    "`prm-contrast-paths`, `prm-epochs-and-length-grouping`, `quick-default`)")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
     group_by_length: bool = Field(False, description="batch paths of similar length (transformers' length-grouped "
                                   "sampler: less padding); not with pair_weight, whose batches hold a question's "
