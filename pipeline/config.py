@@ -8,6 +8,7 @@ e.g. ``params.yaml: sft.learning_rat: unknown key``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -583,6 +584,39 @@ class EvaluateConfig(Section):
             raise ValueError("decoding.questions must be <= k_samples (the strategies reuse the pass@k samples)")
         if not set(self.sampled_splits) <= set(self.splits):
             raise ValueError("sampled_splits must be among splits")
+        return self
+
+
+class DatasetConfig(Section):
+    """`task.dataset`: a user's dataset, read by `pipeline.task_data`."""
+
+    path: str = Field(..., min_length=1, description="a local parquet, JSONL or CSV file or folder, or a Hugging "
+                      "Face dataset id")
+    name: str | None = Field(None, description="the Hub dataset's config (GSM8K: main)")
+    revision: str | None = Field(None, description="the Hub dataset's commit, tag or branch (pin it)")
+    splits: dict[str, str] = Field(default_factory=dict, description="our split (train, val, test, ood) -> the "
+                                   "dataset's split or, for a folder, file stem; empty: the names as they are")
+    prompt_field: str = Field("question", min_length=1, description="the column holding the prompt")
+    answer_field: str = Field("answer", min_length=1, description="the column holding the answer")
+    rationale_field: str | None = Field(None, description="the column holding a worked solution (null: none)")
+    answer_extraction: Literal["field", "gsm8k", "boxed", "regex"] = Field(
+        "field", description="how the answer comes out of answer_field: as it is; GSM8K's text after `####` (the "
+        "text before it is the rationale); MATH's last \\boxed{}; the first group of answer_regex")
+    answer_regex: str | None = Field(None, description="answer_extraction regex: its first group is the answer")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="a missing val split: this share of train, chosen by "
+                                "a hash of the prompt")
+    max_unextractable: float = Field(0.01, ge=0, le=1, description="share of rows whose answer cannot be extracted "
+                                     "(quarantined) above which reading fails")
+
+    @model_validator(mode="after")
+    def _regex_given(self) -> "DatasetConfig":
+        if self.answer_extraction == "regex":
+            if not self.answer_regex:
+                raise ValueError("answer_regex: required when answer_extraction is regex")
+            try:
+                re.compile(self.answer_regex)
+            except re.error as exc:
+                raise ValueError(f"answer_regex: not a regular expression ({exc})") from None
         return self
 
 

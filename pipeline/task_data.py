@@ -1,0 +1,200 @@
+"""A user's dataset as the pipeline's splits: the reader behind `task.kind: dataset`.
+
+    from pipeline.task_data import read_task_dataset
+    splits, quarantine = read_task_dataset(DatasetConfig(path="gsm8k.jsonl", answer_extraction="gsm8k"))
+    splits["train"][0]  # {"id", "prompt", "answer", "answer_type", "rationale", "steps", "split"}
+
+The source is a local file (parquet, JSONL, CSV: every row is `train`), a local folder of such files
+(one split per file stem: ``train.jsonl``, ``test.parquet``; ``train-00000-of-00002.parquet`` is
+``train`` too), or a Hugging Face dataset id read through `datasets.load_dataset` (offline with
+``HF_HUB_OFFLINE=1``: then only the local cache). `DatasetConfig.splits` renames the source's splits
+to ours. Each row becomes the minimal example contract: `id` (a hash of the split and prompt),
+`prompt`, `answer`, `answer_type` (`pipeline.grading.infer_answer_type`), `rationale` ("" when
+unknown) and `steps` (the rationale's paragraphs or lines).
+
+Splits: a missing `val` is cut from `train` by a hash of the prompt (`val_fraction`), so the cut
+does not move when rows are added; a prompt lands in one split only, the first of test, ood, val,
+train that holds it, and once within it. A row whose answer cannot be extracted goes to the
+quarantine list with its source split, row number and reason; more than `max_unextractable` of them
+fails the read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+from pipeline.answers import gsm8k_answer, last_boxed
+from pipeline.config import DatasetConfig
+from pipeline.grading import infer_answer_type
+from pipeline.io import InputError
+
+SPLITS = ("train", "val", "test", "ood")
+# Where a prompt found in several splits stays: evaluation splits win, so nothing tested is trained on.
+SPLIT_PRIORITY = ("test", "ood", "val", "train")
+FILE_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+_GSM8K_CALC = re.compile(r"<<[^<>]*>>")
+
+
+def split_steps(rationale: str, how: str = "paragraph") -> list[str]:
+    """A rationale's steps: its paragraphs (blank-line separated) or its non-blank lines."""
+    if how not in ("paragraph", "line"):
+        raise ValueError(f"unknown step split {how!r}: paragraph or line")
+    parts = re.split(r"\n\s*\n", rationale) if how == "paragraph" else rationale.splitlines()
+    return [" ".join(part.split()) for part in parts if part.strip()]
+
+
+def extract_gold(value: object, cfg: DatasetConfig) -> tuple[str | None, str]:
+    """(answer or None, the rationale it came with) from one answer_field value."""
+    if value is None:
+        return None, ""
+    text = str(value).strip()
+    if cfg.answer_extraction == "field":
+        return (text or None), ""
+    if cfg.answer_extraction == "gsm8k":
+        answer = gsm8k_answer(text)
+        # GSM8K writes "1,000"; the answer is the number, the rationale the text before "####".
+        return (answer.replace(",", "") if answer else None), text[: text.rfind("####")].strip()
+    if cfg.answer_extraction == "boxed":
+        return last_boxed(text), text
+    match = list(re.finditer(cfg.answer_regex or "", text))
+    if not match:
+        return None, text
+    found = match[-1].group(1) if match[-1].groups() else match[-1].group(0)
+    return (found.strip() or None), text
+
+
+def _row_id(split: str, prompt: str) -> str:
+    return hashlib.sha256(f"{split}\n{prompt}".encode()).hexdigest()[:16]
+
+
+def _in_val(prompt: str, fraction: float) -> bool:
+    """A stable share of prompts: the first 8 hex digits of their hash read as a fraction of 2**32."""
+    return int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) < fraction * 2**32
+
+
+def load_source(cfg: DatasetConfig) -> dict[str, list[dict]]:
+    """The source's rows per source split name, as dicts of its own columns."""
+    path = Path(cfg.path).expanduser()
+    if path.exists():
+        return _load_local(path)
+    if cfg.path.startswith((".", "/", "~")) or Path(cfg.path).suffix in FILE_SUFFIXES:
+        raise InputError(f"task.dataset.path: {cfg.path}: no such file or folder")
+    return _load_hub(cfg)
+
+
+def _load_local(path: Path) -> dict[str, list[dict]]:
+    import datasets
+
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix in FILE_SUFFIXES)
+    if not files:
+        raise InputError(f"task.dataset.path: {path}: no {', '.join(FILE_SUFFIXES)} file in it")
+    by_split: dict[str, list[Path]] = {}
+    for file in files:
+        if file.suffix not in FILE_SUFFIXES:
+            raise InputError(f"task.dataset.path: {file}: not one of {', '.join(FILE_SUFFIXES)}")
+        split = "train" if path.is_file() else file.stem.split("-")[0]
+        by_split.setdefault(split, []).append(file)
+    kinds = {FILE_SUFFIXES[f.suffix] for f in files}
+    if len(kinds) > 1:
+        raise InputError(f"task.dataset.path: {path}: mixes file kinds ({', '.join(sorted(kinds))}); use one")
+    try:
+        loaded = datasets.load_dataset(kinds.pop(), data_files={s: [str(f) for f in fs] for s, fs in by_split.items()})
+    except Exception as exc:  # a malformed file: name it
+        raise InputError(f"task.dataset.path: {path}: cannot be read ({type(exc).__name__}: {exc})") from None
+    return {split: [dict(row) for row in rows] for split, rows in loaded.items()}
+
+
+def _load_hub(cfg: DatasetConfig) -> dict[str, list[dict]]:
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(cfg.path, cfg.name, revision=cfg.revision)
+    except Exception as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hint = " (HF_HUB_OFFLINE=1: only the local cache is read)" if offline else ""
+        raise InputError(f"task.dataset.path: {cfg.path}: not a local path and not loadable from the Hugging Face "
+                         f"Hub{hint}: {type(exc).__name__}: {exc}") from None
+    return {split: [dict(row) for row in rows] for split, rows in loaded.items()}
+
+
+def _check_fields(source: dict[str, list[dict]], cfg: DatasetConfig) -> None:
+    for split, rows in source.items():
+        columns = list(rows[0]) if rows else []
+        wanted = [("prompt_field", cfg.prompt_field), ("answer_field", cfg.answer_field)]
+        if cfg.rationale_field:
+            wanted.append(("rationale_field", cfg.rationale_field))
+        for key, field in wanted:
+            if rows and field not in columns:
+                raise InputError(f"task.dataset.{key}: {field!r} is not a field of {cfg.path} (split {split}); "
+                                 f"its fields: {', '.join(columns)}")
+
+
+def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph") -> tuple[dict[str, list[dict]], list[dict]]:
+    """(our splits -> example rows, quarantined rows) from the dataset `cfg` names."""
+    source = load_source(cfg)
+    _check_fields(source, cfg)
+    renamed = dict(cfg.splits)
+    for ours, theirs in renamed.items():
+        if ours not in SPLITS:
+            raise InputError(f"task.dataset.splits: {ours}: not one of our splits ({', '.join(SPLITS)})")
+        if theirs not in source:
+            raise InputError(f"task.dataset.splits.{ours}: {theirs!r} is not a split of {cfg.path}; "
+                             f"its splits: {', '.join(source)}")
+    chosen = renamed or {s: s for s in source if s in SPLITS or s == "validation"}
+    rows_by_split: dict[str, list[dict]] = {}
+    quarantine: list[dict] = []
+    total = 0
+    for ours, theirs in chosen.items():
+        ours = "val" if ours == "validation" else ours
+        for index, raw in enumerate(source[theirs]):
+            total += 1
+            prompt = str(raw.get(cfg.prompt_field) or "").strip()
+            answer, rationale = extract_gold(raw.get(cfg.answer_field), cfg)
+            if cfg.rationale_field:
+                rationale = str(raw.get(cfg.rationale_field) or "").strip()
+            if not prompt or not answer:
+                reason = "empty prompt" if not prompt else f"no answer by {cfg.answer_extraction}"
+                quarantine.append({"split": theirs, "row": index, "reason": reason,
+                                   "value": str(raw.get(cfg.answer_field))[:500]})
+                continue
+            rows_by_split.setdefault(ours, []).append(_example(prompt, answer, rationale, step_split))
+    if not total:
+        raise InputError(f"task.dataset.path: {cfg.path}: no rows in the splits read ({', '.join(chosen.values())})")
+    if len(quarantine) > cfg.max_unextractable * total:
+        first = quarantine[0]
+        raise InputError(f"{cfg.path}: {len(quarantine)} of {total} rows have no answer (more than "
+                         f"task.dataset.max_unextractable = {cfg.max_unextractable}); first: split {first['split']}, "
+                         f"row {first['row']}: {first['reason']}")
+    if "train" not in rows_by_split:
+        raise InputError(f"{cfg.path}: no train split (its splits: {', '.join(source)}; map one with "
+                         "task.dataset.splits)")
+    if "val" not in rows_by_split:
+        train = rows_by_split["train"]
+        rows_by_split["val"] = [r for r in train if _in_val(r["prompt"], cfg.val_fraction)]
+        rows_by_split["train"] = [r for r in train if not _in_val(r["prompt"], cfg.val_fraction)]
+    return _deduplicate(rows_by_split), quarantine
+
+
+def _example(prompt: str, answer: str, rationale: str, step_split: str) -> dict:
+    # GSM8K's calculator annotations (<<48/2=24>>) are tool calls, not prose: the steps drop them.
+    steps = split_steps(_GSM8K_CALC.sub("", rationale), step_split) if rationale else []
+    return {"prompt": prompt, "answer": answer, "answer_type": infer_answer_type(answer),
+            "rationale": rationale, "steps": steps}
+
+
+def _deduplicate(rows_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    seen: set[str] = set()
+    out: dict[str, list[dict]] = {}
+    for split in SPLIT_PRIORITY:
+        kept = []
+        for row in rows_by_split.get(split, []):
+            key = " ".join(row["prompt"].split())
+            if key not in seen:
+                seen.add(key)
+                kept.append({"id": _row_id(split, row["prompt"]), "split": split, **row})
+        if split in rows_by_split:
+            out[split] = kept
+    return {split: out[split] for split in SPLITS if split in out}

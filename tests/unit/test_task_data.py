@@ -1,0 +1,138 @@
+"""A user's dataset read into the example contract (pipeline/task_data.py), on hand-written files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.config import ConfigError, DatasetConfig, parse_section
+from pipeline.io import InputError
+from pipeline.task_data import extract_gold, read_task_dataset, split_steps
+
+GSM8K_ROWS = [
+    {"question": "Tom has 3 bags of 4 apples. How many apples?", "answer": "3 bags * 4 = <<3*4=12>>12 apples.\n#### 12"},
+    {"question": "A pen costs $2. How much do 500 pens cost?", "answer": "500 * 2 = <<500*2=1000>>1000\n#### 1,000"},
+    {"question": "Broken row", "answer": "no final mark"},
+]
+MATH_ROWS = [
+    {"problem": "What is $1/2 + 1/4$?", "solution": "We add: $\\frac{2}{4}+\\frac{1}{4}=\\boxed{\\frac{3}{4}}$."},
+    {"problem": "Simplify $\\sqrt{8}$.", "solution": "$\\sqrt{8} = \\boxed{2\\sqrt{2}}$"},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_gsm8k_answers_and_rationales():
+    cfg = DatasetConfig(path="x.jsonl", answer_extraction="gsm8k")
+    assert extract_gold(GSM8K_ROWS[0]["answer"], cfg) == ("12", "3 bags * 4 = <<3*4=12>>12 apples.")
+    assert extract_gold(GSM8K_ROWS[1]["answer"], cfg)[0] == "1000"
+    assert extract_gold("no final mark", cfg)[0] is None
+
+
+def test_math_answers_keep_nested_braces():
+    cfg = DatasetConfig(path="x.jsonl", answer_extraction="boxed")
+    assert extract_gold(MATH_ROWS[0]["solution"], cfg)[0] == "\\frac{3}{4}"
+    assert extract_gold(MATH_ROWS[1]["solution"], cfg)[0] == "2\\sqrt{2}"
+
+
+def test_a_regex_takes_its_first_group():
+    cfg = DatasetConfig(path="x.csv", answer_extraction="regex", answer_regex=r"ANS=(\w+)")
+    assert extract_gold("work ANS=7 then ANS=8", cfg)[0] == "8"
+
+
+def test_a_regex_extraction_needs_a_valid_regex():
+    with pytest.raises(ConfigError, match="answer_regex"):
+        parse_section("dataset", DatasetConfig, {"path": "x", "answer_extraction": "regex"})
+    with pytest.raises(ConfigError, match="answer_regex"):
+        parse_section("dataset", DatasetConfig, {"path": "x", "answer_extraction": "regex", "answer_regex": "("})
+
+
+def test_steps_are_paragraphs_or_lines():
+    text = "First we add.\nThen carry.\n\n  Finally   divide.\n"
+    assert split_steps(text, "paragraph") == ["First we add. Then carry.", "Finally divide."]
+    assert split_steps(text, "line") == ["First we add.", "Then carry.", "Finally divide."]
+
+
+def test_a_gsm8k_file_becomes_train_and_val_with_a_quarantine(tmp_path):
+    path = write_jsonl(tmp_path / "gsm.jsonl", GSM8K_ROWS)
+    cfg = DatasetConfig(path=str(path), answer_extraction="gsm8k", val_fraction=0.0, max_unextractable=0.5)
+    splits, quarantine = read_task_dataset(cfg, step_split="line")
+    assert list(splits) == ["train", "val"] and splits["val"] == []
+    first = splits["train"][0]
+    assert first["answer"] == "12" and first["answer_type"] == "number" and first["split"] == "train"
+    assert first["steps"] == ["3 bags * 4 = 12 apples."]  # the calculator annotation dropped
+    assert len(first["id"]) == 16
+    assert quarantine == [{"split": "train", "row": 2, "reason": "no answer by gsm8k", "value": "no final mark"}]
+
+
+def test_too_many_unextractable_answers_fail_naming_the_row(tmp_path):
+    path = write_jsonl(tmp_path / "gsm.jsonl", GSM8K_ROWS)
+    with pytest.raises(InputError, match=r"1 of 3 rows have no answer.*row 2"):
+        read_task_dataset(DatasetConfig(path=str(path), answer_extraction="gsm8k", max_unextractable=0.1))
+
+
+def test_a_folder_gives_its_splits_deduplicated_with_a_stable_val_cut(tmp_path):
+    train = [{"problem": f"p{i}", "solution": f"\\boxed{{{i}}}"} for i in range(200)]
+    test = [{"problem": "p5", "solution": "\\boxed{5}"}, {"problem": "q", "solution": "\\boxed{1}"}]
+    write_jsonl(tmp_path / "train.jsonl", train + [train[7]])  # p7 twice
+    write_jsonl(tmp_path / "test.jsonl", test)
+    cfg = DatasetConfig(path=str(tmp_path), prompt_field="problem", answer_field="solution",
+                        answer_extraction="boxed", val_fraction=0.25)
+    splits, _ = read_task_dataset(cfg)
+    assert list(splits) == ["train", "val", "test"]
+    prompts = {s: [r["prompt"] for r in rows] for s, rows in splits.items()}
+    assert prompts["test"] == ["p5", "q"]
+    assert "p5" not in prompts["train"] + prompts["val"]  # a test prompt is never trained on
+    assert sorted(prompts["train"] + prompts["val"]) == sorted(f"p{i}" for i in range(200) if i != 5)
+    assert 25 <= len(prompts["val"]) <= 75  # about a quarter, by hash
+    again, _ = read_task_dataset(cfg)
+    assert again == splits  # the cut is a function of the prompts
+
+
+def test_split_names_map_to_ours(tmp_path):
+    write_jsonl(tmp_path / "main.jsonl", [{"q": "a", "a": "1"}, {"q": "b", "a": "2"}])
+    write_jsonl(tmp_path / "holdout.jsonl", [{"q": "c", "a": "yes"}])
+    cfg = DatasetConfig(path=str(tmp_path), prompt_field="q", answer_field="a",
+                        splits={"train": "main", "test": "holdout"}, val_fraction=0.0)
+    splits, _ = read_task_dataset(cfg)
+    assert [r["prompt"] for r in splits["test"]] == ["c"] and splits["test"][0]["answer_type"] == "binary"
+    with pytest.raises(InputError, match="'dev' is not a split of .*its splits: holdout, main"):
+        read_task_dataset(cfg.model_copy(update={"splits": {"train": "main", "val": "dev"}}))
+
+
+def test_csv_and_parquet_read_alike(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "d.csv").write_text("question,answer\nwhat,4\n")
+    pq.write_table(pa.table({"question": ["what"], "answer": ["4"]}), tmp_path / "d.parquet")
+    for name in ("d.csv", "d.parquet"):
+        splits, _ = read_task_dataset(DatasetConfig(path=str(tmp_path / name), val_fraction=0.0))
+        assert [(r["prompt"], r["answer"]) for r in splits["train"]] == [("what", "4")]
+
+
+def test_a_missing_field_is_named_with_the_fields_that_exist(tmp_path):
+    path = write_jsonl(tmp_path / "m.jsonl", MATH_ROWS)
+    with pytest.raises(InputError, match=r"task.dataset.prompt_field: 'question' is not a field of .*m.jsonl.*"
+                                         r"its fields: problem, solution"):
+        read_task_dataset(DatasetConfig(path=str(path), answer_field="solution"))
+
+
+def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
+    with pytest.raises(InputError, match="no such file or folder"):
+        read_task_dataset(DatasetConfig(path=str(tmp_path / "absent.jsonl")))
+    # huggingface_hub reads HF_HUB_OFFLINE when imported: a fresh process, as a stage would be.
+    code = ("from pipeline.config import DatasetConfig\nfrom pipeline.task_data import read_task_dataset\n"
+            "read_task_dataset(DatasetConfig(path='nobody/no-such-dataset'))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "task.dataset.path: nobody/no-such-dataset: not a local path" in done.stderr
+    assert "HF_HUB_OFFLINE=1" in done.stderr
