@@ -293,6 +293,42 @@ def _weight(value: object) -> object:
 
 
 RewardWeight = Annotated[float, BeforeValidator(_weight)]
+# Custom rewards live in this package at the repository's root, a DVC dependency of `grpo`.
+CUSTOM_REWARDS_PACKAGE = "rewards"
+
+
+def import_reward(spec: str):
+    """The function a `module:function` spec names, imported; ValueError saying what is wrong."""
+    import importlib
+
+    module_name, _, function_name = spec.partition(":")
+    if not function_name or not module_name:
+        raise ValueError(f"{spec!r}: write it as module:function (e.g. {CUSTOM_REWARDS_PACKAGE}.example:brevity)")
+    if module_name.split(".")[0] != CUSTOM_REWARDS_PACKAGE:
+        raise ValueError(f"{spec!r}: the module must be in the repository's {CUSTOM_REWARDS_PACKAGE}/ package (a DVC "
+                         "dependency of grpo, so editing it re-runs GRPO)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"{spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ValueError(f"{spec!r}: {module_name} has no function {function_name}")
+    return function
+
+
+class CustomReward(Section):
+    """One `rewards.custom` entry: a function with TRL's reward signature and its weight."""
+
+    function: str = Field(..., description="module:function in the rewards/ package; called as TRL calls a reward: "
+                          "f(prompts=..., completions=..., answer=..., answer_type=..., **columns) -> one float or "
+                          "None per completion")
+    weight: RewardWeight = Field(..., description="its weight in the total reward")
+
+    @model_validator(mode="after")
+    def _imports(self) -> "CustomReward":
+        import_reward(self.function)
+        return self
 
 
 class RewardsConfig(Section):
@@ -306,6 +342,9 @@ class RewardsConfig(Section):
         {"accuracy": 1.0, "format": 0.1, "step_correctness": 0.5}, min_length=1,
         description="reward name -> weight (names: RewardName in pipeline/config.py)",
     )
+    custom: dict[str, CustomReward] = Field(
+        {}, description="name -> {function: module:function in rewards/, weight}: rewards of your own, added to the "
+        "weighted sum (rewards/example.py shows one)")
     cosine_max_len: int = Field(128, ge=1, description="cosine: the length (tokens) where the scale reaches its end")
     cosine_min_correct: float = Field(0.5, description="cosine: reward of a correct completion at max length")
     cosine_max_correct: float = Field(1.0, description="cosine: reward of a correct completion at length 0")
@@ -321,6 +360,9 @@ class RewardsConfig(Section):
 
     @model_validator(mode="after")
     def _ranges(self) -> "RewardsConfig":
+        clash = sorted(set(self.custom) & set(self.weights))
+        if clash:
+            raise ValueError(f"custom: {clash[0]}: also a built-in reward name; choose another")
         if self.overlong_buffer >= self.overlong_max_len:
             raise ValueError("overlong_buffer must be < overlong_max_len")
         return self

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pipeline import grading
-from pipeline.config import RewardsConfig
+from pipeline.config import RewardsConfig, import_reward
 
 ANSWER_TYPES = ("number", "binary", "text")
 _STEP_LINE = re.compile(rf"^{re.escape(grading.STEP_PREFIX)}([1-9]\d*):(.*)$")
@@ -255,9 +255,24 @@ REWARDS: dict[str, type[Reward]] = {
 }
 
 
-def build_rewards(cfg: RewardsConfig) -> tuple[list[Reward], list[float]]:
-    """The reward callables and their weights, in the order of `cfg.weights`."""
-    return [REWARDS[name](cfg) for name in cfg.weights], [float(w) for w in cfg.weights.values()]
+def build_rewards(cfg: RewardsConfig) -> tuple[list[Callable[..., list[float | None]]], list[float]]:
+    """The reward callables and their weights: the built-ins in the order of `cfg.weights`, then `cfg.custom`."""
+    funcs: list[Callable[..., list[float | None]]] = [REWARDS[name](cfg) for name in cfg.weights]
+    weights = [float(w) for w in cfg.weights.values()]
+    for name, spec in cfg.custom.items():
+        funcs.append(_named(name, import_reward(spec.function)))
+        weights.append(float(spec.weight))
+    return funcs, weights
+
+
+def _named(name: str, function: Callable[..., Any]) -> Callable[..., list[float | None]]:
+    """`function` under its params name (TRL logs rewards/<__name__>/mean)."""
+
+    def reward(*args: Any, **kwargs: Any) -> list[float | None]:
+        return function(*args, **kwargs)
+
+    reward.__name__ = name
+    return reward
 
 
 def total_reward(cfg: RewardsConfig, completions: Sequence[object], **columns: Any) -> list[float | None]:

@@ -384,12 +384,18 @@ def test_grpo_tbrm_one_rollout_per_prompt(workspace):
     saved = paths.model_dir("grpo") / "model.safetensors"
     kept = saved.read_bytes()
     try:
-        write_params(Path("."), {**params, "grpo": {**params["grpo"], "algorithm": "tbrm"}})
+        # with a custom reward from the repository's rewards/ package, logged under its params name
+        custom = {"brevity": {"function": "rewards.example:brevity", "weight": 0.1}}
+        write_params(Path("."), {**params, "grpo": {**params["grpo"], "algorithm": "tbrm"},
+                                 "rewards": {**params["rewards"], "custom": custom}})
         grpo.main()
         metrics = json.loads(paths.metrics_file("grpo").read_text())
+        brevity = paths.live_dir("grpo") / "plots" / "metrics" / "rewards" / "brevity" / "mean.tsv"
+        values = [float(line.split("\t")[-1]) for line in brevity.read_text().splitlines()[1:]]
     finally:
         write_params(Path("."), params)
     p = TINY_PARAMS["grpo"]
+    assert values and all(0.0 <= v <= 1.0 for v in values)  # rewards.example:brevity was called on the rollouts
     assert metrics["algorithm"] == "tbrm" and metrics["weights_changed"] == 1.0
     assert metrics["rollouts"] == p["max_steps"] * p["prompts_per_step"] * p["num_generations"]  # equal rollouts
     assert "guided_replay" not in metrics

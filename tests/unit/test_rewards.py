@@ -416,3 +416,34 @@ def test_trl_grpo_reward_call_convention():
 def test_bad_rewards_params_name_the_key(raw, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         parse_section("rewards", RewardsConfig, raw)
+
+
+def test_a_custom_reward_joins_the_weighted_sum_under_its_name():
+    cfg = RewardsConfig(weights={"accuracy": 1.0},
+                        custom={"brevity": {"function": "rewards.example:brevity", "weight": 0.5}})
+    funcs, weights = build_rewards(cfg)
+    assert [f.__name__ for f in funcs] == ["accuracy", "brevity"] and weights == [1.0, 0.5]
+    # 7 words: brevity 1 - 7/60; the right answer: accuracy 1 -> 1 + 0.5 * (1 - 7/60)
+    completion = "Step 1: x is 4.\nAnswer: 4"
+    assert total_reward(cfg, [completion], answer=["4"], answer_type=["number"]) == [pytest.approx(1 + 0.5 * (1 - 7 / 60))]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("rewards.example:nope", "rewards.example has no function nope"),
+        ("rewards.absent:f", "cannot import rewards.absent"),
+        ("os:getcwd", "must be in the repository's rewards/ package"),
+        ("brevity", "write it as module:function"),
+    ],
+)
+def test_a_bad_custom_reward_spec_is_named_at_params_validation(spec, message):
+    with pytest.raises(ConfigError, match=r"rewards\.custom\.mine.*") as caught:
+        parse_section("rewards", RewardsConfig, {"custom": {"mine": {"function": spec, "weight": 1.0}}})
+    assert message in str(caught.value)
+
+
+def test_a_custom_reward_may_not_take_a_built_in_name():
+    with pytest.raises(ConfigError, match="accuracy: also a built-in reward name"):
+        parse_section("rewards", RewardsConfig, {"custom": {"accuracy": {"function": "rewards.example:brevity",
+                                                                          "weight": 1.0}}})
