@@ -4,7 +4,7 @@
           --profile NAME / -S key=value / --seed N first rewrite params.yaml
   params  print (or --write) the params a profile and overrides resolve to; --list the profiles
   serve   deploy the repro flow on a cron schedule (needs a running server: make server)
-  report  this version's metrics, and their diff against a git revision
+  report  this version's metrics, their diff against a git revision and paired-bootstrap accuracy changes
   status  which stages are stale (`dvc status`)
 """
 
@@ -89,7 +89,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations, results_markdown
+    from pipeline.compare import bootstrap_markdown
+    from pipeline.report import (STUDENTS, decoding_markdown, generalisation_markdown, load_evaluations,
+                                 results_markdown)
 
     if args.results:  # the README's results table: this run beside the snapshots in docs/results/
         print(results_markdown())
@@ -106,6 +108,8 @@ def _report(args: argparse.Namespace) -> int:
     print(generalisation_markdown(evaluations))
     print()
     print(diff_markdown(args.rev))
+    print()
+    print(bootstrap_markdown(args.rev, ["teacher", *STUDENTS]))
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 import pytest
 import yaml
 
+from pipeline.compare import bootstrap_markdown
 from pipeline.orchestrate import diff_markdown
 from tests.conftest import api_post, copy_project, venv_env, write_params
 from tests.unit.test_dag import PLUMBING, listed, stages
@@ -166,7 +167,7 @@ def test_changing_a_dpo_param_reruns_dpo_only(repo):
     assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo", "report"]
 
 
-def test_dvc_exp_run_with_a_changed_param(repo):
+def test_dvc_exp_run_with_a_changed_param(repo, monkeypatch):
     """`dvc exp run -S` runs an experiment and `dvc exp show` lists its metrics beside the baseline."""
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "lr 0.002, dpo beta 0.2"], repo)
@@ -174,3 +175,9 @@ def test_dvc_exp_run_with_a_changed_param(repo):
     assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo", "report"]
     shown = json.dumps(json.loads(dvc("exp", "show", "--json", cwd=repo).stdout))  # normalised spacing
     assert '"dpo-lr"' in shown and '"learning_rate": 0.0001' in shown
+    # the report's paired bootstrap against the commit: predictions at HEAD come from the DVC cache
+    monkeypatch.chdir(repo)
+    table = bootstrap_markdown("HEAD", ["sft", "dpo"])
+    sft = next(line for line in table.splitlines() if line.startswith("| sft |"))
+    assert re.search(r"\| \+0\.000 \| \[\+0\.000, \+0\.000\] \| \d+ \|$", sft), table  # sft did not re-run
+    assert re.search(r"^\| dpo \| [01]\.\d{3} \| [01]\.\d{3} \| [+-]\d\.\d{3} \| \[", table, re.M), table

@@ -1,0 +1,60 @@
+"""The paired bootstrap and the regression gate (pipeline/compare.py) on hand-made predictions."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.compare import NotComparable, paired_bootstrap, regressed
+
+
+def rows(correct: list[bool], split: str = "test", answers: list[str] | None = None) -> list[dict]:
+    answers = answers or [str(i) for i in range(len(correct))]
+    return [{"split": split, "id": f"q{i:03d}", "answer": answers[i], "correct": c} for i, c in enumerate(correct)]
+
+
+def test_a_known_gain_is_measured_with_an_interval_that_excludes_zero():
+    before = rows([True] * 50 + [False] * 50)
+    after = rows([True] * 50 + [True] * 20 + [False] * 30)  # 20 questions fixed, none broken
+    result = paired_bootstrap(before, after)
+    assert (result["before"], result["after"], result["difference"]) == (0.5, 0.7, 0.2)
+    assert 0.1 < result["ci_low"] < 0.2 < result["ci_high"] < 0.3
+    # the SE of a mean of 100 draws of a 0/1 variable with p = 0.2: sqrt(0.2 * 0.8 / 100) = 0.04
+    assert result["standard_error"] == pytest.approx(0.04, abs=0.004)
+    assert not regressed(result) and regressed(paired_bootstrap(after, before))
+
+
+def test_no_change_and_balanced_swaps_do_not_trip_the_gate():
+    same = rows([True, False] * 50)
+    result = paired_bootstrap(same, same)
+    assert (result["difference"], result["ci_low"], result["ci_high"]) == (0.0, 0.0, 0.0)
+    swapped = rows([False, True] * 50)  # 50 fixed, 50 broken
+    result = paired_bootstrap(same, swapped)
+    assert result["difference"] == 0.0 and result["ci_low"] < 0 < result["ci_high"]
+    assert not regressed(result)
+
+
+def test_the_margin_forgives_a_small_sure_drop():
+    before = rows([True] * 200)
+    after = rows([True] * 190 + [False] * 10)  # 10 of 200 broken: -0.05, SE about 0.015
+    result = paired_bootstrap(before, after)
+    assert result["difference"] == -0.05 and -0.03 < result["ci_high"] < -0.01
+    assert regressed(result, margin=0.01) and not regressed(result, margin=0.05)
+    # 2 of 100 broken is not beyond doubt: 13% of resamples (0.98 ** 100) draw none of them
+    assert not regressed(paired_bootstrap(rows([True] * 100), rows([True] * 98 + [False] * 2)))
+
+
+def test_the_same_predictions_give_the_same_interval():
+    a, b = rows([i % 3 == 0 for i in range(60)]), rows([i % 2 == 0 for i in range(60)])
+    assert paired_bootstrap(a, b) == paired_bootstrap(a, b)
+    assert paired_bootstrap(a, b, seed=1)["ci_low"] != paired_bootstrap(a, b)["ci_low"]
+
+
+def test_different_test_sets_are_refused():
+    with pytest.raises(NotComparable, match="1 questions only before, 0 only after"):
+        paired_bootstrap(rows([True, True]), rows([True]))
+    with pytest.raises(NotComparable, match="another gold answer"):
+        paired_bootstrap(rows([True, True], answers=["1", "2"]), rows([True, True], answers=["1", "3"]))
+    with pytest.raises(NotComparable, match="appears twice"):
+        paired_bootstrap(rows([True]) * 2, rows([True]))
+    with pytest.raises(NotComparable, match="only before"):
+        paired_bootstrap(rows([True], split="test"), rows([True], split="ood"))
