@@ -120,13 +120,21 @@ def _plain_number(text: str) -> float | None:
     return grading.parse_number(text.strip().strip("$").strip())
 
 
+def _same_number(prediction: str, answer: str) -> bool | None:
+    """Equal as plain numbers (up to float noise); None when either is not a plain number."""
+    pred, gold = _plain_number(prediction), _plain_number(answer)
+    if pred is None or gold is None:
+        return None
+    return abs(pred - gold) <= 1e-9 * max(1.0, abs(gold))
+
+
 def grade_exact(prediction: object, answer: object) -> bool:
     """Equal numbers, or the same text after case folding and whitespace collapsing."""
     if not isinstance(prediction, str) or not isinstance(answer, str) or not answer.strip():
         return False
-    pred, gold = _plain_number(prediction), _plain_number(answer)
-    if pred is not None and gold is not None:
-        return abs(pred - gold) <= 1e-9 * max(1.0, abs(gold))
+    same = _same_number(prediction, answer)
+    if same is not None:
+        return same
     return " ".join(prediction.split()).casefold().rstrip(".") == " ".join(answer.split()).casefold().rstrip(".")
 
 
@@ -213,10 +221,8 @@ def grade_math_verify(prediction: object, answer: object) -> bool:
     prediction, answer = prediction.strip(), answer.strip()
     if not prediction or not answer or max(len(prediction), len(answer)) > MATH_VERIFY_MAX_CHARS:
         return False
-    pred, gold = _plain_number(prediction), _plain_number(answer)
-    if pred is not None and gold is not None:
-        return abs(pred - gold) <= 1e-9 * max(1.0, abs(gold))
-    return _WORKER.verify(prediction, answer)
+    same = _same_number(prediction, answer)
+    return same if same is not None else _WORKER.verify(prediction, answer)
 
 
 def grade_with(grader: str, prediction: object, answer: object, answer_type: str) -> bool:
