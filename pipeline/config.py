@@ -133,6 +133,8 @@ class BaseModelConfig(Section):
         "(' 19' one token; why: study `digit-pair-tokenizer`); spaced: one digit a piece (' 19' -> ' 1', '9'); "
         "split: the space a token of its own (' ', '1', '9')",
     )
+    architecture: Literal["qwen2", "llama"] = Field("qwen2", description="the built student's transformers "
+                                                    "architecture (both: RoPE, RMSNorm, SwiGLU, GQA)")
     hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
     intermediate_size: int = Field(384, ge=16, description="Qwen2 MLP size")
     num_hidden_layers: int = Field(2, ge=1, description="transformer layers")
@@ -190,8 +192,13 @@ class SFTConfig(TrainConfig):
         0.0, ge=0, description="temporal questions of data/animate added to phase 1, as a share of its rows "
         "(0.1: one per ten rows, at most all of them; 0: none)",
     )
+    rationale_share: float = Field(
+        1.0, gt=0, le=1, description="share of the gold training rows SFT (and sft_extended) trains on, chosen by a "
+        "hash of the prompt: below 1, a cold start on few rationales (the rest are left to GRPO, which needs only "
+        "answers)")
     rank_drill: RankDrillConfig = Field(default_factory=RankDrillConfig,
-                                        description="the ranking drill after the last SFT phase (no steps: none)")
+                                        description="the ranking drill after the last SFT phase (no steps: none; the "
+                                        "chart task only)")
 
 
 class TeacherConfig(Section):
@@ -469,6 +476,8 @@ class PRMDataConfig(Section):
                                 "`quick-default`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
+    mc_rollouts: int = Field(4, ge=1, description="a dataset task (no gold step values): completions sampled after "
+                             "each step, its label the share that reach the right answer (Math-Shepherd)")
     temperature: float = Field(0.8, gt=0, description="gold labels: sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="generation limit per completion or rollout, in tokens")
     batch_size: int = Field(512, ge=1, description="sequences generated together")
@@ -490,8 +499,9 @@ class PRMConfig(Section):
     """`prm`: the process reward model, the policy's LM read as a verdict on every token of a line."""
 
     seed: int = Field(0, description="RNG seed for the data order")
-    sources: list[Literal["gold", "mcts"]] = Field(
-        ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on log_boost)"
+    sources: list[Literal["gold", "mcts", "mc"]] = Field(
+        ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on "
+        "log_boost; mc, a dataset task's labels: BCE on the share of rollouts that reach the right answer)"
     )
     chain_weight: float = Field(1.0, ge=0, description="weight of next-token cross-entropy on the gold chains of "
                                 "data/prm_data/chains.parquet (0: no chains; why: study `prm-writes-gold-chains`)")
@@ -662,7 +672,62 @@ class DatasetConfig(Section):
         return self
 
 
+# What `task.data_dependency` holds when there is no local dataset file to watch: a file every checkout has (the
+# dataset reader, already among the data stage's code dependencies), so the DVC dependency always resolves.
+NO_DATA_DEPENDENCY = "pipeline/task_data.py"
+
+
+def is_local_dataset(path: str) -> bool:
+    """Does `task.dataset.path` name a local file or folder (rather than a Hugging Face dataset id)?"""
+    return Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or Path(path).suffix in (
+        ".parquet", ".jsonl", ".json", ".csv")
+
+
+def data_dependency_for(dataset_path: str | None) -> str:
+    """`task.data_dependency` for a dataset path: the path itself when local, else `NO_DATA_DEPENDENCY`."""
+    return dataset_path if dataset_path is not None and is_local_dataset(dataset_path) else NO_DATA_DEPENDENCY
+
+
+class TaskConfig(Section):
+    """`task`: the questions (the CoF charts or your dataset), how an answer is stated and graded, what a step is."""
+
+    kind: Literal["cof", "dataset"] = Field(
+        "cof", description="cof: the chart questions `synthesize` generates; dataset: `task.dataset` (the chart-only "
+        "stages and drills are then skipped, each saying so in its log)")
+    dataset: DatasetConfig | None = Field(None, description="dataset: where the questions come from and how their "
+                                          "fields read (null for cof)")
+    data_dependency: str = Field(
+        NO_DATA_DEPENDENCY, min_length=1, description="the file or folder DVC watches for `synthesize`: a local "
+        "dataset's path (written by `python -m pipeline params`; keep it equal to task.dataset.path), else "
+        f"{NO_DATA_DEPENDENCY}")
+    answer_format: Literal["answer_line", "boxed", "gsm8k", "last_number"] = Field(
+        "answer_line", description="how a completion states its answer: a last line `Answer: x`; \\boxed{x}; "
+        "`#### x`; the last number written. Text inside <think>...</think> is never read as the answer")
+    grader: Literal["relaxed", "exact", "math_verify"] = Field(
+        "relaxed", description="relaxed: numbers within 5%, text after case folding (ChartQA); exact: equal numbers "
+        "or the same text; math_verify: LaTeX and symbolic equivalence (Hugging Face's math-verify)")
+    step_split: Literal["line", "paragraph"] = Field(
+        "line", description="what one reasoning step is, for the PRM, step search and step labels (cof: its "
+        "`Step k:` lines)")
+    @model_validator(mode="after")
+    def _kind(self) -> "TaskConfig":
+        if self.kind == "cof":
+            if self.dataset is not None:
+                raise ValueError("dataset: must be null for kind cof (set kind: dataset to read it)")
+            if self.answer_format != "answer_line" or self.step_split != "line":
+                raise ValueError("kind cof writes `Step k:` lines and an `Answer:` line: answer_format must be "
+                                 "answer_line and step_split line")
+        elif self.dataset is None:
+            raise ValueError("dataset: required for kind dataset (at least dataset.path)")
+        want = data_dependency_for(self.dataset.path if self.dataset is not None else None)
+        if self.data_dependency != want:
+            raise ValueError(f"data_dependency: must be {want!r} (the local dataset DVC watches, else "
+                             f"{NO_DATA_DEPENDENCY}); `python -m pipeline params --write` sets it")
+        return self
+
+
 SECTIONS: dict[str, type[Section]] = {
+    "task": TaskConfig,
     "synthesize": SynthesizeConfig,
     "base": BaseModelConfig,
     "teacher": TeacherConfig,

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 
 from pipeline.config import DecodingConfig
 from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score
-from pipeline.grading import extract_answer, yes_no
+from pipeline import task as tasks
+from pipeline.grading import yes_no
 from pipeline.prm import is_terminal, line_labels, scored_lines
 from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, beam_search, prm_mcts
@@ -164,7 +165,7 @@ def versus_random(rows: Sequence[dict], candidates: Sequence[Sequence[str]], pic
 
 
 def steps_right(row: dict, completion: str) -> bool:
-    """Every `Step` line of the completion matches the gold chain (and there is at least one)."""
+    """Every `Step` line of the completion matches the gold chain (and there is at least one); chart task only."""
     lines = [line for line in scored_lines(completion) if not is_terminal(line)]
     return bool(lines) and all(label >= 0.5 for label in line_labels(lines, row))
 
@@ -181,6 +182,9 @@ def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: 
     n_questions = max(len(rows), 1)
     right = [[is_correct(text, row["answer"], row["answer_type"]) for text in texts]
              for row, texts in zip(rows, candidates)]
+    if not tasks.active().is_cof:  # no gold step values: only the outcome ceiling
+        return {"pass_at_n": round(sum(any(ok) for ok in right) / n_questions, 4), "step_oracle": None,
+                "all_steps_right": None}
     clean = [[steps_right(row, text) for text in texts] for row, texts in zip(rows, candidates)]
     oracle = 0
     for ok, good, group in zip(right, clean, scores):
@@ -196,8 +200,9 @@ def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: 
 
 def _voted(row: dict, texts: Sequence[str]) -> str:
     """A completion whose answer is the majority answer (the vote's winner, as an Answer line)."""
-    winner = majority_vote([extract_answer(t) for t in texts], row["answer_type"])
-    return "" if winner is None else f"Answer: {winner}"
+    task = tasks.active()
+    winner = majority_vote([task.extract(t) for t in texts], row["answer_type"])
+    return "" if winner is None else task.target("", winner)
 
 
 # "Is <a> greater than <b>?" and its three siblings (pipeline/cof/verbalize.BOOL_QUESTIONS).

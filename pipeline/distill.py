@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.generation import Generation
-from pipeline.grading import extract_answer, extract_steps, grade, step_accuracy
+from pipeline import task as tasks
+from pipeline.grading import extract_steps, step_accuracy
 from pipeline.io import EXAMPLE_SCHEMA
 
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -69,10 +70,9 @@ def jaccard(a: str, b: str, n: int = 3) -> float:
 
 def is_verified(row: dict, text: str, min_step_accuracy: float) -> bool:
     """Right final answer and, if the trace writes steps, enough right step values."""
-    predicted = extract_answer(text)
-    if predicted is None or not grade(predicted, row["answer"], row["answer_type"]):
+    if not tasks.active().is_correct(text, row["answer"], row["answer_type"]):
         return False
-    gold = [step["value"] for step in row["steps"]]
+    gold = [step["value"] for step in row["steps"] or [] if step["value"]]  # a dataset's steps have no values
     if not extract_steps(text) or not gold:
         return True  # no step lines to check (e.g. a free-form API teacher): the answer decides
     matched, total = step_accuracy(text, gold)
@@ -148,6 +148,6 @@ def outputs(results: Sequence[QuestionResult], k: int, window: tuple[float, floa
             pairs.append({"id": res.row["id"], "prompt": res.row["prompt"], "chosen": res.kept[0],
                           "rejected": res.failed[0], "source": "teacher"})
         rates.append({"id": res.row["id"], "task_type": res.row["task_type"],
-                      "chain_length": int(res.row["chain_length"]), "k": k, "correct": res.correct,
+                      "chain_length": int(res.row.get("chain_length") or 0), "k": k, "correct": res.correct,
                       "pass_rate": res.pass_rate})
     return verified, hard, pairs, rates

@@ -12,23 +12,26 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-from pipeline.grading import extract_answer, grade, parse_number, step_accuracy
+from pipeline import task as tasks
+from pipeline.grading import parse_number, step_accuracy
 
 
 def score(row: dict, completion: str, tokens: int) -> dict:
     """One graded generation: final-answer correctness and matched gold steps."""
-    predicted = extract_answer(completion)
-    gold_steps = [step["value"] for step in row["steps"]]
-    matched, total = step_accuracy(completion, gold_steps)
+    task = tasks.active()
+    predicted = task.extract(completion)
+    # Gold step values exist for the chart task only; a dataset's steps are prose ("" values: nothing to match).
+    gold_steps = [step["value"] for step in row["steps"] or [] if step["value"]]
+    matched, total = step_accuracy(completion, gold_steps) if gold_steps else (0, 0)
     return {
         "id": row["id"],
         "split": row["split"],
         "answer_type": row["answer_type"],
-        "task_type": row["task_type"],
-        "chain_length": int(row["chain_length"]),
+        "task_type": row.get("task_type") or "all",
+        "chain_length": int(row.get("chain_length") or 0),
         "answer": row["answer"],
         "prediction": predicted,
-        "correct": predicted is not None and grade(predicted, row["answer"], row["answer_type"]),
+        "correct": predicted is not None and task.grade(predicted, row["answer"], row["answer_type"]),
         "steps_matched": matched,
         "steps_total": total,
         "completion": completion,
@@ -76,6 +79,7 @@ def majority_baseline(train_rows: Iterable[dict], rows: Sequence[dict]) -> float
     The trivial baseline the student must beat; it even knows the answer type.
     """
     majority = majority_answers(train_rows)
+    grade = tasks.active().grade
     hits = sum(
         row["answer_type"] in majority and grade(majority[row["answer_type"]], row["answer"], row["answer_type"])
         for row in rows
@@ -117,8 +121,10 @@ def majority_vote(predictions: Sequence[str | None], answer_type: str) -> str | 
 def sampled_metrics(rows: Sequence[dict], samples: Sequence[Sequence[str]], k: int) -> dict:
     """pass@k (unbiased, from all n >= k samples), maj@k (the first k) and the mean sampled accuracy."""
     passes, majority, mean = [], [], []
+    task = tasks.active()
+    extract, grade = task.extract, task.grade
     for row, texts in zip(rows, samples):
-        predictions = [extract_answer(t) for t in texts]
+        predictions = [extract(t) for t in texts]
         correct = [p is not None and grade(p, row["answer"], row["answer_type"]) for p in predictions]
         passes.append(pass_at_k(len(correct), sum(correct), k))
         voted = majority_vote(predictions[:k], row["answer_type"])

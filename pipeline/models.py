@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 from pipeline.config import BaseModelConfig, TeacherConfig
 from pipeline.io import InputError
@@ -53,10 +54,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "pairs"
     return fast
 
 
-def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    """A freshly initialised Qwen2 of the configured size (seeded)."""
+ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+
+
+def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast):
+    """A freshly initialised causal LM of `cfg.architecture` at the configured size (seeded)."""
     torch.manual_seed(cfg.seed)
-    config = Qwen2Config(
+    config_class, model_class = ARCHITECTURES[cfg.architecture]
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -69,7 +74,7 @@ def build_student(cfg: BaseModelConfig, tokenizer: PreTrainedTokenizerFast) -> Q
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -91,7 +96,7 @@ TEACHER_POSITIONS = 1024
 
 
 def build_teacher(cfg: TeacherConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    """The untrained embedded teacher: the student's architecture at the teacher's size."""
+    """The untrained embedded teacher: a Qwen2 at the teacher's size."""
     size = BaseModelConfig(
         seed=cfg.seed, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,

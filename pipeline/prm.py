@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from pipeline import paths
 from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig
 from pipeline.generation import pad, pad_id
-from pipeline.grading import ANSWER_PREFIX, STEP_PREFIX, extract_answer, grade, infer_answer_type, step_value
+from pipeline import task as tasks
+from pipeline.grading import extract_answer, grade, infer_answer_type, step_value
 from pipeline.io import InputError, read_rows
 
 # A completion with no Step and no Answer line has nothing to verify: it gets the lowest score.
@@ -50,27 +51,21 @@ AGGREGATIONS = ("min", "last", "mean")
 # gold: 0/1 labels, BCE; mcts: log_boost(Q) in [0, 1], MSE; chain: a gold chain (data/prm_data/chains.parquet),
 # next-token cross-entropy on its lines instead of a verdict loss; contrast: a gold chain cut at a choice step, right
 # or wrong there (pipeline/contrast.py), 0/1 labels like gold.
-LABEL_KINDS = {"gold": 0, "mcts": 1, "chain": 2, "contrast": 0}
+# mc: the share of Monte-Carlo rollouts after a step that reach the right answer (a dataset task), BCE on it.
+LABEL_KINDS = {"gold": 0, "mcts": 1, "chain": 2, "contrast": 0, "mc": 0}
 Span = tuple[int, int]  # a line's tokens: [first, last + 1)
 PRM_MARK = "prm_verdict"  # config.json key of a trained PRM: how its logits are read ("next_token")
 
 
 def scored_lines(completion: object) -> list[str]:
-    """The lines a PRM scores, in order: every `Step` line up to the first `Answer:` line, and that line."""
-    if not isinstance(completion, str):
-        return []
-    lines = []
-    for line in (raw.strip() for raw in completion.splitlines()):
-        if line.startswith(STEP_PREFIX):
-            lines.append(line)
-        elif line.startswith(ANSWER_PREFIX):
-            lines.append(line)
-            break
-    return lines
+    """The steps a PRM scores, in order (`pipeline.task`): for the chart task every `Step` line up to the first
+    `Answer:` line, and that line; for a dataset its lines or paragraphs up to the one that states the answer."""
+    return tasks.active().steps(completion)
 
 
 def is_terminal(line: str) -> bool:
-    return line.startswith(ANSWER_PREFIX)
+    """Does this step state the answer?"""
+    return tasks.active().is_terminal(line)
 
 
 def line_labels(lines: Sequence[str], row: dict) -> list[float]:
@@ -97,11 +92,14 @@ STEP_LABEL_COLUMNS = ("id", "prompt", "steps", "labels", "source")
 
 
 def chain_rows(questions: list[dict]) -> list[dict]:
-    """Each question's gold chain as a step-label row: its Step lines and Answer line, each labelled by the grader."""
+    """Each question's gold chain as a step-label row: its steps, each labelled by the grader against the gold step
+    values (the chart task), or 1 (a dataset's worked solution, right by construction)."""
     out = []
+    cof = tasks.active().is_cof
     for q in questions:
         lines = scored_lines(q["rationale"])
-        out.append({"id": q["id"], "prompt": q["prompt"], "steps": lines, "labels": line_labels(lines, q),
+        labels = line_labels(lines, q) if cof else [1.0] * len(lines)
+        out.append({"id": q["id"], "prompt": q["prompt"], "steps": lines, "labels": labels,
                     "source": "chain", "task_type": q["task_type"]})
     return out
 

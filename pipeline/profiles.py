@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 import textwrap
+import types
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pipeline.config import SECTIONS, ConfigError, Section, params_path, parse_section, read_mapping, read_params
+from pipeline.config import SECTIONS, ConfigError, data_dependency_for, Section, params_path, parse_section, read_mapping, read_params
 from pipeline.io import atomic_write_text
 
 PROFILES_DIR = Path("profiles")
@@ -108,9 +110,17 @@ def _is_section(dotted: str) -> bool:
     model: type[BaseModel] | None = SECTIONS.get(parts[0])
     for part in parts[1:]:
         field = model.model_fields.get(part) if model else None
-        annotation = field.annotation if field else None
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
+        model = section_type(field.annotation) if field else None
     return model is not None
+
+
+def section_type(annotation: Any) -> type[Section] | None:
+    """The nested section model of a field: `DrillConfig` for `DrillConfig` or `DrillConfig | None`, else None."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    for candidate in (annotation, *(typing.get_args(annotation) if union else ())):
+        if isinstance(candidate, type) and issubclass(candidate, Section):
+            return candidate
+    return None
 
 
 def parse_set(item: str) -> tuple[str, Any]:
@@ -165,6 +175,10 @@ def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None 
     for item in sets:
         key, value = parse_set(item)
         params = merge(params, nested(key, value), f"-S {item}")
+    task = params["task"]
+    if isinstance(task, dict) and isinstance(task.get("dataset"), dict | None):
+        # Derived, not chosen: the DVC dependency of `synthesize` follows the dataset's path.
+        task["data_dependency"] = data_dependency_for((task.get("dataset") or {}).get("path"))
     return {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
             for name in SECTIONS}
 
@@ -207,8 +221,8 @@ def _fields(model: type[BaseModel], values: dict, indent: str) -> list[str]:
     lines = []
     for key, field in model.model_fields.items():
         about = field.description or ""
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, Section):
+        annotation = section_type(field.annotation)
+        if annotation is not None and isinstance(values[key], dict):
             lines += [*_comment(about, indent), f"{indent}{key}:", *_fields(annotation, values[key], indent + "  ")]
             continue
         line = f"{indent}{key}: {_scalar(values[key])}"

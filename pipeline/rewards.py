@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pipeline import grading
+from pipeline import task as tasks
 from pipeline.config import RewardsConfig, import_reward
 
 ANSWER_TYPES = ("number", "binary", "text")
@@ -62,7 +63,8 @@ def gold_steps(step_values: object) -> list[str] | None:
 
 
 def is_correct(text: str, answer: str, answer_type: str) -> bool:
-    return grading.grade(grading.extract_answer(text), answer, answer_type)
+    """The completion's answer, read and graded as the active task says (`pipeline.task`)."""
+    return tasks.active().is_correct(text, answer, answer_type)
 
 
 def is_formatted(text: str) -> bool:
@@ -124,12 +126,13 @@ class Accuracy(GoldReward):
 
 
 class Format(Reward):
-    """1 for "Step 1..n" lines then one "Answer:" line and nothing else; needs no gold."""
+    """1 for the task's shape (chart task: "Step 1..n" lines then one "Answer:" line and nothing else; a dataset:
+    steps, then the one stating the answer, last); needs no gold."""
 
     name = "format"
 
     def score(self, text: str, i: int, columns: dict[str, Any]) -> float:
-        return float(is_formatted(text))
+        return float(tasks.active().is_formatted(text))
 
 
 class StepCorrectness(Reward):
@@ -159,11 +162,12 @@ class DynamicProportionalAccuracy(GoldReward):
         gold = _parts(answer) if answer_type == "text" else [answer]
         if len(gold) <= 1:
             return float(is_correct(text, answer, answer_type))  # a single part: exactly accuracy
-        predicted = grading.extract_answer(text)
+        task = tasks.active()
+        predicted = task.extract(text)
         if predicted is None:
             return 0.0
         types = [grading.infer_answer_type(g) for g in gold]
-        hits = [[grading.grade(p, g, t) for g, t in zip(gold, types)] for p in _parts(predicted)]
+        hits = [[task.grade(p, g, t) for g, t in zip(gold, types)] for p in _parts(predicted)]
         if not all(any(row) for row in hits):
             return 0.0  # a predicted part outside G: guessing extra parts must not pay
         matched = sum(any(row[j] for row in hits) for j in range(len(gold)))
@@ -176,7 +180,8 @@ class RuleShaping(GoldReward):
     name = "rule_shaping"
 
     def score_gold(self, text: str, answer: str, answer_type: str, i: int, columns: dict[str, Any]) -> float:
-        if not is_formatted(text) or not self.obeys_rule(grading.extract_answer(text) or "", answer_type):
+        task = tasks.active()
+        if not task.is_formatted(text) or not self.obeys_rule(task.extract(text) or "", answer_type):
             return 0.0
         shaped = float(is_correct(text, answer, answer_type))
         steps = gold_steps(_column(columns, "step_values", i))
@@ -245,7 +250,7 @@ class NoThinking(GoldReward):
     name = "no_thinking"
 
     def score_gold(self, text: str, answer: str, answer_type: str, i: int, columns: dict[str, Any]) -> float:
-        return float(grading.grade(text.strip(), answer, answer_type))
+        return float(tasks.active().grade(text.strip(), answer, answer_type))
 
 
 REWARDS: dict[str, type[Reward]] = {

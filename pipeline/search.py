@@ -92,6 +92,16 @@ class StepPolicy:
             out.append(lines)
         return out
 
+    def sample(self, prefixes: Sequence[str], n: int) -> list[list[str]]:
+        """`n` sampled rests of each prefix, to EOS or the completion limit (Monte-Carlo step labels)."""
+        if not prefixes:
+            return []
+        gens = generate(self.model, self.tokenizer, list(prefixes), max_new_tokens=self.completion_tokens,
+                        batch_size=self.batch_size, do_sample=True, temperature=self.temperature, top_p=self.top_p,
+                        top_k=self.top_k, num_return_sequences=n, seed=self._next_seed(), progress=False)
+        self.tokens += sum(g.tokens for per_prefix in gens for g in per_prefix)
+        return [[g.text for g in per_prefix] for per_prefix in gens]
+
     def complete(self, prefixes: Sequence[str]) -> list[str]:
         """The greedy rest of each prefix, to EOS or the token limit."""
         if not prefixes:

@@ -29,7 +29,8 @@ from pathlib import Path
 from pipeline.answers import gsm8k_answer, last_boxed
 from pipeline.config import DatasetConfig
 from pipeline.grading import infer_answer_type
-from pipeline.io import InputError
+from pipeline import paths
+from pipeline.io import InputError, read_rows
 
 SPLITS = ("train", "val", "test", "ood")
 # Where a prompt found in several splits stays: evaluation splits win, so nothing tested is trained on.
@@ -70,9 +71,21 @@ def _row_id(split: str, prompt: str) -> str:
     return hashlib.sha256(f"{split}\n{prompt}".encode()).hexdigest()[:16]
 
 
-def _in_val(prompt: str, fraction: float) -> bool:
-    """A stable share of prompts: the first 8 hex digits of their hash read as a fraction of 2**32."""
-    return int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) < fraction * 2**32
+def in_share(prompt: str, fraction: float, salt: str = "") -> bool:
+    """A stable share of prompts: the first 8 hex digits of their hash read as a fraction of 2**32.
+
+    Another `salt` draws a share independent of the first (the val cut has none: a share of train must not be
+    the prompts the val cut left out)."""
+    return int(hashlib.sha256((salt + prompt).encode()).hexdigest()[:8], 16) < fraction * 2**32
+
+
+RATIONALE_SALT = "rationale_share:"  # sft.rationale_share's draw, independent of the dataset's val cut
+
+
+def gold_rows(share: float = 1.0) -> list[dict]:
+    """data/synthesize/train.parquet's rows, or the `sft.rationale_share` of them (a stable draw by prompt hash)."""
+    rows = read_rows(paths.split_file("train"), required=("prompt", "rationale"))
+    return rows if share >= 1 else [r for r in rows if in_share(r["prompt"], share, RATIONALE_SALT)]
 
 
 def load_source(cfg: DatasetConfig) -> dict[str, list[dict]]:
@@ -173,8 +186,8 @@ def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph") -> tupl
                          "task.dataset.splits)")
     if "val" not in rows_by_split:
         train = rows_by_split["train"]
-        rows_by_split["val"] = [r for r in train if _in_val(r["prompt"], cfg.val_fraction)]
-        rows_by_split["train"] = [r for r in train if not _in_val(r["prompt"], cfg.val_fraction)]
+        rows_by_split["val"] = [r for r in train if in_share(r["prompt"], cfg.val_fraction)]
+        rows_by_split["train"] = [r for r in train if not in_share(r["prompt"], cfg.val_fraction)]
     return _deduplicate(rows_by_split), quarantine
 
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 from PIL import Image
 
 from pipeline import paths
-from pipeline.config import AnimateConfig, load_section
+from pipeline.config import AnimateConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_json, write_manifest, write_rows
 from pipeline.plots import bar_chart
@@ -175,9 +175,25 @@ def _flow(cfg: AnimateConfig) -> None:
              metrics["frames_per_second"])
 
 
+def _skipped(cfg: AnimateConfig, task_cfg: TaskConfig) -> None:
+    """A text dataset has no charts to animate: empty but valid outputs, so `sft.mix` and DVC find their files."""
+    reason = f"skipped: task.kind is {task_cfg.kind}, whose questions have no charts"
+    stage_logger().info("animate: %s", reason)
+    with atomic_dir(paths.stage_data("animate")) as out:
+        write_rows(out / "manifest.parquet", [], schema=MANIFEST_SCHEMA)
+        write_rows(out / paths.animate_questions().name, [], schema=EXAMPLE_SCHEMA)
+        write_manifest(out, "animate", cfg, skipped=reason)
+    with atomic_dir(paths.live_dir("animate")) as live:
+        (live / "README.txt").write_text(reason + "\n")
+    write_json(paths.metrics_file("animate"), {"skipped": reason, "samples": 0, "questions": 0})
+
+
 def main() -> None:
     with expected_errors():
         cfg = load_section("animate", AnimateConfig)
+        task_cfg = load_section("task", TaskConfig)
+        if task_cfg.kind != "cof":
+            return run_stage("animate", _skipped, cfg, task_cfg)
         check_backend(cfg)  # a missing diffusers package or model folder fails before Prefect starts
     run_stage("animate", _flow, cfg)
 

@@ -3,7 +3,8 @@
 The student before SFT. By default built here: a BPE tokenizer trained on the
 synthetic training corpus, a small Qwen2 from `base` params, then the
 table-reading drills of `base.drills` (pipeline/drills.py) on new random
-tables, without which it never learns to read a key's number from the table.
+tables, without which it never learns to read a key's number from the table
+(the chart task only: a student for a text dataset, `task.kind: dataset`, skips them).
 How well it does depends on the initial weights: with `base.drills.restarts`
 above 0, an init that reads fewer than `base.drills.gate` of held-out lookups
 is replaced by the next seed, at most that many times (the `research` profile
@@ -15,7 +16,7 @@ Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 from __future__ import annotations
 
 from pipeline import paths
-from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
+from pipeline.config import BaseModelConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
@@ -23,7 +24,7 @@ from pipeline.models import base_model, build_student, count_parameters, default
 from pipeline.training import snapshot, weights_changed
 
 
-def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
+def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -> None:
     train_file = paths.split_file("train")
     rows = read_rows(train_file, required=("prompt", "rationale"))
     model, tokenizer = base_model(cfg, rows)
@@ -37,7 +38,14 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig) -> None:
         "chars_per_token": round(sum(map(len, sample)) / sum(tokens), 2),
     }
     with atomic_dir(paths.model_dir("base")) as tmp, atomic_dir(paths.live_dir("base")) as live_dir:
-        if not cfg.model:
+        if not cfg.model and task_cfg.kind != "cof":
+            # The drills read chart tables: a student for a text dataset starts from its init.
+            model = build_student(cfg, tokenizer).to(default_device())
+            reason = f"none: task.kind is {task_cfg.kind} (the drills read chart tables)"
+            stage_logger().info("base: drills skipped (%s)", reason)
+            write_json(live_dir / "metrics.json", {"drills": reason})
+            metrics |= {"drills": reason, "init_seed": cfg.seed}
+        elif not cfg.model:
             with curve_log(live_dir) as log:
 
                 def build(seed: int):
@@ -65,7 +73,8 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("base", BaseModelConfig)
         synth = load_section("synthesize", SynthesizeConfig)
-    run_stage("base", _flow, cfg, synth)
+        task_cfg = load_section("task", TaskConfig)
+    run_stage("base", _flow, cfg, synth, task_cfg)
 
 
 if __name__ == "__main__":

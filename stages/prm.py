@@ -24,7 +24,7 @@ import shutil
 import torch
 
 from pipeline import paths
-from pipeline.config import PRMConfig, PRMDataConfig, load_section
+from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import load_tokenizer, save_model
@@ -32,7 +32,11 @@ from pipeline.plots import reliability_chart
 from pipeline.prm import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
 from pipeline.training import prm_train
 
-def _flow(cfg: PRMConfig, policy: str) -> None:
+def _flow(cfg: PRMConfig, policy: str, kind: str = "cof") -> None:
+    if cfg.contrast and kind != "cof":
+        # Contrast paths rewrite the chart task's choice steps; a dataset's steps are prose.
+        stage_logger().info("prm: contrast paths skipped (task.kind is %s)", kind)
+        cfg = cfg.model_copy(update={"contrast": 0})
     train_file, val_file = paths.split_file("train", "prm_data"), paths.split_file("val", "prm_data")
     rows, contrast, chains = training_rows(cfg)
     val = read_rows(val_file, required=STEP_LABEL_COLUMNS)
@@ -61,7 +65,7 @@ def _flow(cfg: PRMConfig, policy: str) -> None:
         write_manifest(out, "prm", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics, policy=policy)
         write_json(live / "calibration.json", table)
         reliability_chart(table, live / "calibration.png",
-                          title=f"PRM calibration, held-out gold step labels\n(AUROC {metrics['auroc']})")
+                          title=f"PRM calibration, held-out step labels\n(AUROC {metrics['auroc']})")
     write_json(paths.metrics_file("prm"), metrics)
 
 
@@ -69,7 +73,8 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("prm", PRMConfig)
         policy = load_section("prm_data", PRMDataConfig).policy
-    run_stage("prm", _flow, cfg, policy)
+        kind = load_section("task", TaskConfig).kind
+    run_stage("prm", _flow, cfg, policy, kind)
 
 
 if __name__ == "__main__":

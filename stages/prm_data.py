@@ -21,6 +21,13 @@ question texts. The policy never trained on them, so its mistakes there are the
 ones it makes at test time, and there are as many as the PRM needs (on the
 6,000 training questions it had learned, it erred less and differently).
 
+For a dataset task (`task.kind: dataset`) there are no gold step values and no
+generator: the questions are drawn from train.parquet, and each sampled step is
+labelled by Monte-Carlo rollouts (source `mc`, pipeline/step_labels.py: the share
+of `mc_rollouts` completions after the step that reach the right answer,
+Math-Shepherd); the held-out set is labelled the same way on val.parquet; the
+chains are the questions' worked solutions, every step labelled 1.
+
 Rows follow the step-label contract of docs/design.md ("Data contracts": id,
 prompt, steps, labels, source, task_type). metrics/prm_data.json has the label
 balance per source and the agreement between MCTS and gold labels on the same
@@ -35,7 +42,8 @@ import time
 import pyarrow as pa
 
 from pipeline import paths
-from pipeline.config import PRMDataConfig, SynthesizeConfig, load_section
+from pipeline import task as tasks
+from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
@@ -44,6 +52,7 @@ from pipeline.plots import bar_chart
 from pipeline.prm import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
 from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, mcts, rollout_evaluator, tree_paths
+from pipeline.step_labels import monte_carlo_labels
 
 STEP_LABEL_SCHEMA = pa.schema(
     [("id", pa.string()), ("prompt", pa.string()), ("steps", pa.list_(pa.string())),
@@ -84,6 +93,30 @@ def mcts_rows(cfg: PRMDataConfig, policy: StepPolicy, questions: list[dict]) -> 
             for q, root in zip(questions, roots) for lines, qs in tree_paths(root)]
 
 
+def mc_rows(cfg: PRMDataConfig, sampler, rollout: StepPolicy, questions: list[dict]) -> list[dict]:
+    """Distinct sampled completions of each question, each step labelled by Monte-Carlo rollouts."""
+    task = tasks.active()
+    samples = sampler.sample([q["prompt"] for q in questions], n=cfg.samples, temperature=cfg.temperature,
+                             top_p=1.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    owners, paths_ = [], []
+    for q, gens in zip(questions, samples):
+        seen = set()
+        for g in gens:
+            steps = tuple(task.steps(g.text))
+            if steps and steps not in seen:  # no steps (an empty completion): nothing to label
+                seen.add(steps)
+                owners.append(q)
+                paths_.append(list(steps))
+
+    def reward(i: int, text: str) -> float:
+        return float(is_correct(text, owners[i]["answer"], owners[i]["answer_type"]))
+
+    labels = monte_carlo_labels([q["prompt"] for q in owners], paths_, rollout.sample, reward, cfg.mc_rollouts,
+                                task.step_break)
+    return [{"id": q["id"], "prompt": q["prompt"], "steps": steps, "labels": ys, "source": "mc",
+             "task_type": q.get("task_type")} for q, steps, ys in zip(owners, paths_, labels)]
+
+
 def balance(rows: list[dict]) -> dict:
     labels = [y for r in rows for y in r["labels"]]
     return {"rows": len(rows), "lines": len(labels),
@@ -104,25 +137,46 @@ def agreement(rows: list[dict], by_id: dict[str, dict]) -> dict:
     return {"lines": len(gold), "agreement": round(agree, 4), "auroc": None if area is None else round(area, 4)}
 
 
+def _dataset_questions(cfg: PRMDataConfig, rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
+    """A dataset task's (labelled, searched, chain-only) training questions, drawn from train.parquet."""
+    train = read_rows(paths.split_file("train"), required=EXAMPLE_COLUMNS)
+    want = cfg.gold_questions + cfg.mcts_questions + cfg.chain_questions
+    drawn = sample_rows(train, want, rng)
+    rng.shuffle(drawn)  # sample_rows keeps file order; the three groups must not split it by position
+    return (drawn[: cfg.gold_questions], drawn[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions],
+            drawn)
+
+
 def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
     val_file, model_dir = paths.split_file("val"), paths.model_dir(cfg.policy)
     val = read_rows(val_file, required=EXAMPLE_COLUMNS)
     model, tokenizer = load_model(model_dir)
     rng = random.Random(cfg.seed)
-    # No question text of val or test among them (the generator's split hash sees to that). Their tables are
-    # random draws, so a chart (header and table) of train.parquet can recur among them, rarely.
-    fresh = new_questions(cfg, synth)
-    gold_q = fresh[: cfg.gold_questions]
-    mcts_q = fresh[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions]
+    cof = tasks.active().is_cof
+    if cof:
+        # No question text of val or test among them (the generator's split hash sees to that). Their tables are
+        # random draws, so a chart (header and table) of train.parquet can recur among them, rarely.
+        fresh = new_questions(cfg, synth)
+        gold_q = fresh[: cfg.gold_questions]
+        mcts_q = fresh[cfg.gold_questions : cfg.gold_questions + cfg.mcts_questions]
+    else:
+        gold_q, mcts_q, fresh = _dataset_questions(cfg, rng)
     chains = chain_rows(fresh)
     val_q = sample_rows(val, cfg.val_questions, rng)
     sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
     log = stage_logger()
 
     start = time.perf_counter()
-    gold_train, gold_val = gold_rows(cfg, sampler, gold_q), gold_rows(cfg, sampler, val_q)
+    if cof:
+        gold_train, gold_val = gold_rows(cfg, sampler, gold_q), gold_rows(cfg, sampler, val_q)
+    else:
+        rollout = StepPolicy(model, tokenizer, batch_size=cfg.batch_size, completion_tokens=cfg.max_new_tokens,
+                             temperature=cfg.temperature, seed=cfg.seed)
+        gold_train, gold_val = mc_rows(cfg, sampler, rollout, gold_q), mc_rows(cfg, sampler, rollout, val_q)
     gold_seconds = time.perf_counter() - start
-    log.info("prm_data: %d gold paths from %d questions (%.0f s)", len(gold_train), len(gold_q), gold_seconds)
+    label = "gold" if cof else "Monte-Carlo"
+    log.info("prm_data: %d %s-labelled paths from %d questions (%.0f s)", len(gold_train), label, len(gold_q),
+             gold_seconds)
 
     start = time.perf_counter()
     policy = StepPolicy(model, tokenizer, batch_size=cfg.batch_size, step_tokens=cfg.step_tokens,
@@ -134,11 +188,12 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
 
     metrics = {
         "policy": cfg.policy,
-        "gold": balance(gold_train),
+        "labels": "gold" if cof else "mc",
+        "gold" if cof else "mc": balance(gold_train),
         "mcts": balance(searched),
         "val": balance(gold_val),
         "chain": balance(chains),
-        "mcts_vs_gold": agreement(searched, {q["id"]: q for q in mcts_q}),
+        "mcts_vs_gold": agreement(searched, {q["id"]: q for q in mcts_q}) if cof else None,
         "mcts_policy_tokens": policy.tokens,
         "gold_seconds": round(gold_seconds, 1),
         "mcts_seconds": round(mcts_seconds, 1),
@@ -149,7 +204,8 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
         write_rows(out / paths.prm_chains_file().name, chains, schema=STEP_LABEL_SCHEMA)
         write_manifest(out, "prm_data", cfg, inputs=[model_dir, val_file], counts=metrics)
     with atomic_dir(paths.live_dir("prm_data")) as out:
-        shares = {f"{source} (>= 0.5)": metrics[source]["share_at_least_half"] or 0.0 for source in ("gold", "mcts")}
+        shares = {f"{source} (>= 0.5)": metrics[source]["share_at_least_half"] or 0.0
+                  for source in ("gold" if cof else "mc", "mcts")}
         write_json(out / "label_balance.json", [{"source": k, "share": v} for k, v in shares.items()])
         bar_chart(shares, out / "label_balance.png", title="Step labels at or above 0.5, per source",
                   xlabel="share of lines")
@@ -160,7 +216,7 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("prm_data", PRMDataConfig)
         synth = load_section("synthesize", SynthesizeConfig)
-        if cfg.question_seed == synth.seed:
+        if load_section("task", TaskConfig).kind == "cof" and cfg.question_seed == synth.seed:
             raise InputError(f"params.yaml: prm_data.question_seed ({cfg.question_seed}) must differ from "
                              "synthesize.seed: the same seed draws the tables the policy trained on")
     run_stage("prm_data", _flow, cfg, synth)

@@ -30,22 +30,25 @@ import shutil
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.config import DistillConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, load_section
+from pipeline.config import DistillConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
 from pipeline.models import default_device, load_model, save_model
+from pipeline.task_data import gold_rows
 from pipeline.training import logit_distill, sft_train
 
 DISTILLED = paths.split_file("train", stage="distill")
 HARD = paths.split_file("hard", stage="distill")
 
 
-def training_rows(source: str) -> tuple[list[dict], list[Path]]:
-    """(rows, files read) for `sft.source`."""
+def training_rows(source: str, share: float = 1.0) -> tuple[list[dict], list[Path]]:
+    """(rows, files read) for `sft.source`; `share` thins the gold rows (`sft.rationale_share`)."""
     files = {"gold": [paths.split_file("train")], "distilled": [DISTILLED],
              "mixed": [paths.split_file("train"), DISTILLED]}[source]
-    rows = [row for f in files for row in read_rows(f, required=("prompt", "rationale"))]
+    rows = [row for f in files
+            for row in (gold_rows(share) if f == paths.split_file("train")
+                        else read_rows(f, required=("prompt", "rationale")))]
     if not rows:
         raise InputError(f"{', '.join(map(str, files))}: no training rows for sft.source={source}")
     return rows, files
@@ -71,12 +74,17 @@ def mix_rows(cfg: SFTConfig, rows: list[dict]) -> tuple[SFTConfig, list[dict], i
     return cfg, base + extra, len(extra)  # appended: the trainer's sampler shuffles
 
 
-def rank_drilled(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, live_dir: Path) -> dict | None:
+def rank_drilled(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, live_dir: Path,
+                 task_kind: str = "cof") -> dict | None:
     """The ranking drill in place on `model` (curves in `live_dir`); its metrics, None when it has no steps.
 
-    Its replay rows are the gold rationales of data/synthesize/train.parquet, whatever `sft.source`.
+    Its replay rows are the gold rationales of data/synthesize/train.parquet, whatever `sft.source`. The chart
+    task only: its tables are charts.
     """
     if not cfg.steps and not any(cfg.curriculum):
+        return None
+    if task_kind != "cof":
+        stage_logger().info("sft: ranking drill skipped (task.kind is %s: the drill reads chart tables)", task_kind)
         return None
     model.to(default_device())  # the drill's own loop (a Trainer places the model itself)
     gold = read_rows(paths.split_file("train"), required=("prompt", "rationale")) if cfg.replay else []
@@ -90,8 +98,8 @@ def rank_drilled(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig
 
 
 def run(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, model, tokenizer, rows: list[dict],
-        val_rows: list[dict], work_dir: Path, live_dir: Path, phase1: tuple[SFTConfig, list[dict]] | None = None
-        ) -> dict:
+        val_rows: list[dict], work_dir: Path, live_dir: Path, phase1: tuple[SFTConfig, list[dict]] | None = None,
+        task_kind: str = "cof") -> dict:
     """All phases in place on `model`; returns the summary metrics (phase 1 flat, later nested).
 
     Phase 1 trains on `phase1` (`sft.mix`'s config and rows, from mix_rows) when given, else on (cfg, rows);
@@ -121,23 +129,24 @@ def run(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, model, 
             distill, model, teacher, tokenizer, rows, work_dir, live_dir / "logits", seed=cfg.seed,
             batch_size=cfg.per_device_train_batch_size,
         )
-    drill = rank_drilled(model, tokenizer, cfg.rank_drill, synth, live_dir / "rank_drill")
+    drill = rank_drilled(model, tokenizer, cfg.rank_drill, synth, live_dir / "rank_drill", task_kind)
     if drill:
         metrics["rank_drill"] = drill
     return metrics
 
 
-def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig) -> None:
+def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
-    rows, files = training_rows(cfg.source)  # fail on a missing input before loading anything
+    rows, files = training_rows(cfg.source, cfg.rationale_share)  # fail on a missing input before loading anything
     train_cfg, mixed, temporal = mix_rows(cfg, rows)  # mix 0: (cfg, rows, 0), phase 1 as before
     if cfg.mix > 0:
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"))
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
         metrics = run(cfg, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
-                      (train_cfg, mixed))
+                      (train_cfg, mixed), task_cfg.kind)
+        metrics["train_rows"] = len(rows)
         if cfg.mix > 0:
             metrics["temporal_rows"] = temporal
         stage_logger().info("sft: %s", metrics)
@@ -156,7 +165,8 @@ def main() -> None:
         cfg = load_section("sft", SFTConfig)
         distill = load_section("distill", DistillConfig)
         synth = load_section("synthesize", SynthesizeConfig)
-    run_stage("sft", _flow, cfg, distill, synth)
+        task_cfg = load_section("task", TaskConfig)
+    run_stage("sft", _flow, cfg, distill, synth, task_cfg)
 
 
 if __name__ == "__main__":

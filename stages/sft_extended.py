@@ -20,6 +20,7 @@ from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_json, read_rows, write_json, write_manifest
 from pipeline.models import load_model, save_model
+from pipeline.task_data import gold_rows
 from pipeline.training import sft_train
 
 
@@ -38,7 +39,7 @@ def _flow(cfg: SFTExtendedConfig, sft: SFTConfig) -> None:
     target = grpo["train_seconds"] * cfg.time_factor
     steps = planned_steps(target, sft_metrics)
     train_file, val_file = paths.split_file("train"), paths.split_file("val")
-    rows = read_rows(train_file, required=("prompt", "rationale"))
+    rows = gold_rows(sft.rationale_share)  # the rows SFT had: the compute-matched baseline sees no more rationales
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     model, tokenizer = load_model(paths.model_dir("sft"))
     with atomic_dir(paths.model_dir("sft_extended")) as out, atomic_dir(paths.live_dir("sft_extended")) as live:

@@ -1,25 +1,39 @@
 """python -m stages.synthesize
 
-Chain-of-Functions questions from random chart tables, written to
-data/synthesize/{train,val,test,ood}.parquet with PNG charts for the first
-`render_charts` questions of each split; counts and rejections in
-metrics/synthesize.json.
+The questions every later stage reads, as data/synthesize/{train,val,test,ood}.parquet
+(the example contract of pipeline/io.py), with counts in metrics/synthesize.json.
+
+- `task.kind: cof`: Chain-of-Functions questions from random chart tables, with PNG charts
+  for the first `render_charts` questions of each split.
+- `task.kind: dataset`: your dataset (`task.dataset`, read by pipeline/task_data.py). The
+  chart columns stay empty; `rationale` is the SFT completion: the dataset's worked solution
+  (or nothing) followed by the answer as `task.answer_format` states it. Rows whose answer
+  cannot be extracted are listed in quarantine.jsonl with their split, row and reason. A
+  dataset without an ood split gets an empty ood.parquet, so every reader finds its file.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from pipeline import paths
 from pipeline.cof.generate import generate_dataset
 from pipeline.cof.render import render_chart
-from pipeline.config import SynthesizeConfig, load_section
+from pipeline.config import SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import EXAMPLE_SCHEMA, atomic_dir, write_json, write_manifest, write_rows
+from pipeline.io import EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_json, write_manifest, write_rows
+from pipeline.task import Task
+from pipeline.task_data import SPLITS, read_task_dataset
+
+# What the charts folder holds when there are no charts: DVC keeps no empty folders, and `animate` depends on it.
+NO_CHARTS = "No charts: task.kind is dataset, whose questions are text.\n"
 
 
-def run(cfg: SynthesizeConfig) -> None:
+def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
+    if task_cfg.kind == "dataset":
+        return from_dataset(task_cfg)
     log = stage_logger()
     start = time.perf_counter()
     rows_by_split, stats = generate_dataset(cfg)
@@ -42,10 +56,57 @@ def run(cfg: SynthesizeConfig) -> None:
     )
 
 
+def dataset_rows(task_cfg: TaskConfig) -> tuple[dict[str, list[dict]], list[dict]]:
+    """(split -> rows in the example contract, quarantined rows) of the task's dataset."""
+    task = Task.from_config(task_cfg)
+    splits, quarantine = read_task_dataset(task_cfg.dataset, task_cfg.step_split)
+    out = {}
+    for split in SPLITS:
+        out[split] = [
+            {**row, "question": row["prompt"], "rationale": task.target(row["rationale"], row["answer"]),
+             "steps": [{"function": "", "text": step, "value": ""} for step in row["steps"]]}
+            for row in splits.get(split, [])
+        ]
+    return out, quarantine
+
+
+def from_dataset(task_cfg: TaskConfig) -> None:
+    log = stage_logger()
+    start = time.perf_counter()
+    rows_by_split, quarantine = dataset_rows(task_cfg)
+    seconds = time.perf_counter() - start
+    counts = {split: len(rows) for split, rows in rows_by_split.items()}
+    hints = {"val": "raise task.dataset.val_fraction, or map a split with task.dataset.splits",
+             "test": "a folder needs a test file (test.jsonl, ...), a Hub dataset a test split; or map one with "
+                     "task.dataset.splits"}
+    for split, hint in hints.items():
+        if not counts[split]:
+            raise InputError(f"task.dataset.path: {task_cfg.dataset.path}: no {split} questions ({hint})")
+    log.info("dataset %s: %s questions, %d quarantined (%.1f s)", task_cfg.dataset.path,
+             ", ".join(f"{n} {s}" for s, n in counts.items()), len(quarantine), seconds)
+    out_dir = paths.stage_data("synthesize")
+    source = Path(task_cfg.data_dependency)
+    with atomic_dir(out_dir) as tmp:
+        charts = tmp / paths.charts_dir().relative_to(out_dir)
+        charts.mkdir()
+        (charts / "README.txt").write_text(NO_CHARTS)
+        for split, rows in rows_by_split.items():
+            write_rows(tmp / paths.split_file(split).name, rows, schema=EXAMPLE_SCHEMA)
+        (tmp / "quarantine.jsonl").write_text("".join(json.dumps(q, sort_keys=True) + "\n" for q in quarantine))
+        write_manifest(tmp, "synthesize", task_cfg, inputs=[source] if source.exists() else [])
+    total = sum(counts.values())
+    write_json(paths.metrics_file("synthesize"), {
+        "questions": total, "by_split": counts, "quarantined": len(quarantine),
+        "with_rationale": sum(bool(r["steps"]) for rows in rows_by_split.values() for r in rows),
+        "dataset_hash": hash_path(source) if source.exists() else None,
+        "questions_per_second": round(total / max(seconds, 1e-9), 1)})
+
+
 def main() -> None:
     with expected_errors():
         cfg = load_section("synthesize", SynthesizeConfig)
-    run_stage("synthesize", run, cfg)
+        task_cfg = load_section("task", TaskConfig)
+    run_stage("synthesize", run, cfg, task_cfg)
 
 
 if __name__ == "__main__":

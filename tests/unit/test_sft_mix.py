@@ -61,7 +61,7 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     tok = SimpleNamespace(get_vocab=dict)
     monkeypatch.setattr(sft, "sft_train", fake_sft_train)
     monkeypatch.setattr(sft, "logit_distill", fake_logit_distill)
-    monkeypatch.setattr(sft, "rank_drilled", lambda model, tokenizer, cfg, synth, live_dir: calls.append(
+    monkeypatch.setattr(sft, "rank_drilled", lambda model, tokenizer, cfg, synth, live_dir, task_kind: calls.append(
         ("drill", cfg.steps, live_dir.name)))
     real_read = sft.read_rows  # the hard set is faked; the temporal questions are read from disk
     monkeypatch.setattr(sft, "read_rows", lambda path, required=(): (

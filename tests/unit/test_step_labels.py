@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.answers import extract
-from pipeline.step_labels import monte_carlo_labels, policy_sampler, step_prefix
+from pipeline.step_labels import monte_carlo_labels, step_prefix
 
 PROMPT = "Tom has 3 bags of 4 apples and eats 2. How many apples?\n"
 GOOD = ["3 * 4 = 12 apples.", "12 - 2 = 10 apples.", "#### 10"]
@@ -57,11 +57,12 @@ def test_a_one_step_path_needs_no_rollouts_and_zero_rollouts_are_refused():
         monte_carlo_labels([PROMPT], [GOOD], scripted, reward, rollouts=0)
 
 
-def test_the_policy_sampler_draws_n_reproducible_continuations():
+def test_the_step_policy_samples_n_reproducible_continuations():
     import torch
 
     from pipeline.config import BaseModelConfig
     from pipeline.models import build_student, train_tokenizer
+    from pipeline.search import StepPolicy
 
     texts = [f"{a} + {b} = {a + b}\n#### {a + b}" for a in range(10) for b in range(10)]
     tok = train_tokenizer(texts, 200)
@@ -69,7 +70,24 @@ def test_the_policy_sampler_draws_n_reproducible_continuations():
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
     torch.manual_seed(0)
     model = build_student(cfg, tok)
-    first = policy_sampler(model, tok, max_new_tokens=8, seed=3)(["1 + 2 = ", "4 + 4 = "], 3)
-    again = policy_sampler(model, tok, max_new_tokens=8, seed=3)(["1 + 2 = ", "4 + 4 = "], 3)
+    policy = StepPolicy(model, tok, completion_tokens=8, temperature=0.8, seed=3)
+    first = policy.sample(["1 + 2 = ", "4 + 4 = "], 3)
+    again = StepPolicy(model, tok, completion_tokens=8, temperature=0.8, seed=3).sample(["1 + 2 = ", "4 + 4 = "], 3)
     assert [len(rests) for rests in first] == [3, 3] and first == again
+    assert policy.tokens > 0
     assert all(isinstance(text, str) for rests in first for text in rests)
+
+
+def test_paragraph_steps_are_continued_after_a_blank_line():
+    seen = []
+
+    def sample(prefixes, n):
+        seen.extend(prefixes)
+        return [["#### 3"] * n for _ in prefixes]
+
+    def reward(i, text):
+        return float(text.endswith("#### 3"))
+
+    labels = monte_carlo_labels(["Q\n"], [["a b", "c d", "#### 3"]], sample, reward, rollouts=2, step_break="\n\n")
+    assert seen == ["Q\na b\n\n", "Q\na b\n\nc d\n\n"]
+    assert labels == [[1.0, 1.0, 1.0]]

@@ -136,3 +136,44 @@ def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
     assert done.returncode != 0
     assert "task.dataset.path: nobody/no-such-dataset: not a local path" in done.stderr
     assert "HF_HUB_OFFLINE=1" in done.stderr
+
+
+def test_the_data_stage_writes_the_contract_with_sft_targets_and_a_quarantine(tmp_path, monkeypatch):
+    from pipeline.config import TaskConfig
+    from pipeline.io import read_rows
+    from stages import synthesize
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", GSM8K_ROWS * 1)
+    write_jsonl(folder / "test.jsonl", [{"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"}])
+    write_jsonl(folder / "validation.jsonl", [{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}])
+    monkeypatch.chdir(tmp_path)
+    cfg = TaskConfig(kind="dataset", dataset={"path": "ds", "answer_extraction": "gsm8k", "max_unextractable": 0.5},
+                     data_dependency="ds", answer_format="gsm8k")
+    synthesize.from_dataset(cfg)
+    train = read_rows("data/synthesize/train.parquet")
+    assert [r["answer"] for r in train] == ["12", "1000"]
+    # The SFT completion restores the answer the way the task reads it; the steps drop the calculator notes.
+    assert train[0]["rationale"] == "3 bags * 4 = <<3*4=12>>12 apples.\n#### 12"
+    assert train[0]["steps"] == [{"function": "", "text": "3 bags * 4 = 12 apples.", "value": ""}]
+    assert train[0]["question"] == train[0]["prompt"] and train[0]["table"] is None
+    assert [r["answer"] for r in read_rows("data/synthesize/val.parquet")] == ["2"]
+    assert read_rows("data/synthesize/ood.parquet") == []  # none in the dataset: an empty file every reader finds
+    quarantined = [json.loads(line) for line in (tmp_path / "data/synthesize/quarantine.jsonl").read_text().splitlines()]
+    assert quarantined == [{"split": "train", "row": 2, "reason": "no answer by gsm8k", "value": "no final mark"}]
+    assert (tmp_path / "data/synthesize/charts/README.txt").exists()
+    metrics = json.loads((tmp_path / "metrics/synthesize.json").read_text())
+    assert metrics["by_split"] == {"train": 2, "val": 1, "test": 1, "ood": 0} and metrics["quarantined"] == 1
+
+
+def test_the_rationale_share_is_a_stable_draw_unlike_the_val_cut():
+    from pipeline.task_data import RATIONALE_SALT, in_share
+
+    prompts = [f"question {k}" for k in range(2000)]
+    quarter = [p for p in prompts if in_share(p, 0.25, RATIONALE_SALT)]
+    assert 400 < len(quarter) < 600
+    assert quarter == [p for p in prompts if in_share(p, 0.25, RATIONALE_SALT)]
+    # Independent of the val cut's draw: a share of train is not the prompts the val cut left out.
+    val = {p for p in prompts if in_share(p, 0.25)}
+    assert 0.15 < len(val.intersection(quarter)) / len(quarter) < 0.35

@@ -1,0 +1,162 @@
+"""The task as every stage sees it: how a completion states its answer, how it is graded, what its steps are.
+
+    from pipeline.task import active
+    task = active()                      # the `task` section of params.yaml (the chart task without one)
+    task.is_correct(completion, row["answer"], row["answer_type"])
+    task.steps(completion)               # the steps a PRM scores, the last one the answer's when there is one
+    task.target(rationale, answer)       # an SFT completion that states `answer` the way the task reads it
+
+One object serves evaluation, rewards, distillation, mining, step labels, the PRM and search, so a
+completion is read the same way everywhere. For the chart task (`kind: cof`) nothing changes: steps
+are the `Step k:` lines, then the `Answer:` line, graded by `pipeline.grading`'s relaxed match. For a
+dataset, a step is a line or a paragraph (`step_split`) and the answer is read by `answer_format` and
+graded by `grader` (`pipeline.answers`).
+
+The task is process-wide, like params.yaml itself: `active()` reads it once; stages that grade list
+`task` among their DVC params, so a change of grader re-runs them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pipeline import answers, grading
+from pipeline.config import TaskConfig
+
+# How the gold answer ends an SFT completion, per answer format; the readers in pipeline.answers read it back.
+_ANSWER_ENDINGS = {
+    "answer_line": "Answer: {}",
+    "gsm8k": "#### {}",
+    "boxed": "The answer is \\boxed{{{}}}.",
+    "last_number": "The answer is {}.",
+}
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str = "cof"
+    answer_format: str = "answer_line"
+    grader: str = "relaxed"
+    step_split: str = "line"
+
+    @classmethod
+    def from_config(cls, cfg: TaskConfig) -> "Task":
+        return cls(cfg.kind, cfg.answer_format, cfg.grader, cfg.step_split)
+
+    @property
+    def is_cof(self) -> bool:
+        """The chart task: its gold step values, tables, drills and probes exist."""
+        return self.kind == "cof"
+
+    @property
+    def step_break(self) -> str:
+        """What ends one step in a completion: a newline, or a blank line between paragraphs."""
+        return "\n\n" if self.step_split == "paragraph" else "\n"
+
+    def extract(self, completion: object) -> str | None:
+        return answers.extract(completion, self.answer_format)
+
+    def grade(self, prediction: object, answer: object, answer_type: str) -> bool:
+        return answers.grade_with(self.grader, prediction, answer, answer_type)
+
+    def is_correct(self, completion: object, answer: object, answer_type: str) -> bool:
+        predicted = self.extract(completion)
+        return predicted is not None and self.grade(predicted, answer, answer_type)
+
+    def is_terminal(self, step: str) -> bool:
+        """Does this step state the answer (so a path ends with it)? `last_number` answers only at the end."""
+        if self.answer_format == "answer_line":
+            return step.strip().startswith(grading.ANSWER_PREFIX)
+        if self.answer_format == "last_number":
+            return False
+        return self.extract(step) is not None
+
+    def steps(self, completion: object) -> list[str]:
+        """The steps a PRM scores, in order, up to and including the first that states the answer.
+
+        cof: every `Step` line, then the `Answer:` line (other lines are not steps). A dataset: every
+        non-blank line or paragraph, whitespace collapsed within a paragraph.
+        """
+        if not isinstance(completion, str):
+            return []
+        if self.is_cof:
+            return _cof_steps(completion)
+        out = []
+        for part in self._parts(completion):
+            out.append(part)
+            if self.is_terminal(part):
+                break
+        return out
+
+    def _parts(self, completion: str) -> list[str]:
+        """Every non-blank line or paragraph of a dataset completion."""
+        if self.step_split == "paragraph":
+            parts = [" ".join(p.split()) for p in _PARAGRAPH_BREAK.split(completion)]
+        else:
+            parts = [line.strip() for line in completion.splitlines()]
+        return [p for p in parts if p]
+
+    def join(self, steps: list[str] | tuple[str, ...]) -> str:
+        """Steps back into completion text, each ended by the step break (what the policy continues)."""
+        return "".join(step + self.step_break for step in steps)
+
+    def is_formatted(self, completion: str) -> bool:
+        """The task's shape: cof `Step 1..n` then `Answer:`; a dataset at least one step before a last step that
+        states the answer, and nothing after it."""
+        if self.is_cof:
+            from pipeline.rewards import is_formatted  # the chart task's own check
+
+            return is_formatted(completion)
+        parts = self._parts(completion)
+        if len(parts) < 2 or self.steps(completion) != parts:  # no step before the answer, or text after it
+            return False
+        last = parts[-1]
+        return answers.last_number(last) is not None if self.answer_format == "last_number" else self.is_terminal(last)
+
+    def target(self, rationale: str, answer: str) -> str:
+        """An SFT completion: the rationale's steps, then the answer as `answer_format` states it (a rationale
+        that already states it, as MATH's solutions do in \\boxed{}, is kept as it is)."""
+        body = rationale.strip()
+        if body and self.answer_format != "last_number" and self.extract(body) is not None:
+            return body
+        ending = _ANSWER_ENDINGS[self.answer_format].format(answer)
+        return f"{body}{self.step_break}{ending}" if body else ending
+
+
+def _cof_steps(completion: str) -> list[str]:
+    lines = []
+    for line in (raw.strip() for raw in completion.splitlines()):
+        if line.startswith(grading.STEP_PREFIX):
+            lines.append(line)
+        elif line.startswith(grading.ANSWER_PREFIX):
+            lines.append(line)
+            break
+    return lines
+
+
+COF = Task()
+_override: Task | None = None
+
+
+def active() -> Task:
+    """The task of this run: set by `use`, else params.yaml's `task` section, else the chart task."""
+    return _override if _override is not None else _from_params()
+
+
+@lru_cache(maxsize=1)
+def _from_params() -> Task:
+    from pipeline.config import params_path, parse_section, read_params
+
+    path = params_path()
+    if not path.exists():
+        return COF
+    return Task.from_config(parse_section("task", TaskConfig, read_params(path).get("task"), path))
+
+
+def use(task: Task | None) -> None:
+    """Make `task` the active one (None: back to params.yaml); tests and experiments call this."""
+    global _override
+    _override = task

@@ -1,0 +1,130 @@
+"""A dataset of your own through the whole DAG: `python -m pipeline repro` on the `tiny` profile with
+`task.kind: dataset`, in a temporary git repository.
+
+- GSM8K format, the file outside the repository (a DVC dependency by absolute path), a loaded
+  student of another architecture than Qwen2 (a Llama saved here in Hugging Face format, with its
+  own tokenizer): every stage runs, the chart-only ones say they are skipped and write empty but
+  valid outputs, the metrics are written, a second repro runs nothing, and an edit of the dataset
+  file makes the data stage and everything after it stale.
+- MATH format (`\\boxed{}` answers, paragraph steps, math-verify): the whole DAG runs too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+
+import pytest
+import yaml
+
+from pipeline.wordproblems import TEST_FRAMES, TRAIN_FRAMES, generate
+from tests.conftest import copy_project
+from tests.e2e.test_repro import ALL_STAGES, EVALUATED, dvc, ran_stages, sh
+
+pytestmark = pytest.mark.e2e
+
+CHART_ONLY_LOGS = ("animate: skipped", "base: drills skipped", "sft: ranking drill skipped", "prm: contrast paths skipped")
+
+
+def math_rows(n: int, seed: int) -> list[dict]:
+    """MATH-format problems: fraction sums with the answer in \\boxed{} (a reduced fraction, or a whole number)."""
+    from fractions import Fraction
+
+    rng, rows = random.Random(seed), []
+    while len(rows) < n:
+        a, b, c, d = rng.randint(1, 9), rng.randint(2, 9), rng.randint(1, 9), rng.randint(2, 9)
+        total = Fraction(a, b) + Fraction(c, d)
+        shown = str(total.numerator) if total.denominator == 1 else f"\\frac{{{total.numerator}}}{{{total.denominator}}}"
+        rows.append({"problem": f"What is $\\frac{{{a}}}{{{b}}} + \\frac{{{c}}}{{{d}}}$?",
+                     "solution": f"The common denominator is ${b * d}$.\n\nSo the sum is $\\boxed{{{shown}}}$."})
+    return rows
+
+
+def write_jsonl(path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def save_llama(folder) -> None:
+    """A 1-layer Llama with a tokenizer trained on word problems, saved as any Hub model would be."""
+    from pipeline.config import BaseModelConfig
+    from pipeline.models import build_student, save_model, train_tokenizer
+
+    corpus = [r["question"] + r["answer"] for r in generate(200, TRAIN_FRAMES, 5)]
+    tokenizer = train_tokenizer(corpus, 320, "spaced")
+    cfg = BaseModelConfig(architecture="llama", vocab_size=320, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                          max_position_embeddings=512)
+    save_model(build_student(cfg, tokenizer), tokenizer, folder)
+
+
+def make_repo(root, name: str, sets: list[str]):
+    folder = copy_project(root / name)
+    params = sh([sys.executable, "-m", "pipeline", "params", "--profile", "tiny", *sum((["-S", s] for s in sets), [])],
+                folder).stdout
+    (folder / "params.yaml").write_text(params)
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "ci@example.com"],
+                ["git", "config", "user.name", "ci"], ["git", "add", "-A"], ["git", "commit", "-qm", name]):
+        sh(cmd, folder)
+    return folder
+
+
+def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefect_api):
+    data = tmp_path / "elsewhere" / "gsm8k"
+    write_jsonl(data / "train.jsonl", generate(160, TRAIN_FRAMES, 0))
+    write_jsonl(data / "test.jsonl", generate(30, TEST_FRAMES, 1))
+    save_llama(tmp_path / "llama")
+    repo = make_repo(tmp_path, "repo", [
+        "task.kind=dataset", f"task.dataset={{path: {data}, answer_extraction: gsm8k}}", "task.answer_format=gsm8k",
+        "task.grader=math_verify", "prm.sources=[mc, mcts]", f"base.model={tmp_path / 'llama'}"])
+    assert yaml.safe_load((repo / "params.yaml").read_text())["task"]["data_dependency"] == str(data)
+
+    proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
+    out = proc.stdout + proc.stderr
+    assert ran_stages(out) == ALL_STAGES
+    for line in CHART_ONLY_LOGS:  # base.model is loaded: its drills never run, skipped or not
+        assert line in out or line.startswith("base:"), line
+    assert "faithfulness {'skipped'" in out
+    metrics = json.loads((repo / "metrics/synthesize.json").read_text())
+    assert metrics["by_split"]["test"] == 30 and metrics["by_split"]["ood"] == 0 and metrics["quarantined"] == 0
+    assert json.loads((repo / "metrics/animate.json").read_text())["samples"] == 0
+    assert json.loads((repo / "models/base/config.json").read_text())["model_type"] == "llama"
+    for model in ("teacher", "sft", "sft_extended", "grpo", "dpo"):
+        evaluated = json.loads((repo / f"metrics/evaluate/{model}.json").read_text())
+        assert evaluated["questions"] == 30 and 0.0 <= evaluated["accuracy"] <= 1.0
+        assert "accuracy_ood" not in evaluated  # no ood split in the dataset: not evaluated
+    labels = json.loads((repo / "metrics/prm_data.json").read_text())
+    assert labels["labels"] == "mc" and labels["mc"]["lines"] > 0
+    assert json.loads((repo / "metrics/prm.json").read_text())["sources"]["mc"] == labels["mc"]["rows"]
+
+    assert ran_stages(sh([sys.executable, "-m", "pipeline", "repro"], repo).stdout) == []
+    with open(data / "train.jsonl", "a") as fh:  # one more problem
+        fh.write(json.dumps(generate(161, TRAIN_FRAMES, 0)[-1] | {"question": "A new one: what is 2 + 2?"}) + "\n")
+    assert ran_stages(dvc("repro", "--dry", cwd=repo).stdout) == ["synthesize"]  # the edit reaches the data stage
+    # Re-running it (and the two quick stages on it) leaves every stage that reads the new splits stale; the rest
+    # follow when those write new outputs.
+    assert ran_stages(sh([sys.executable, "-m", "pipeline", "repro", "animate", "base"], repo).stdout) == [
+        "animate", "base", "synthesize"]
+    stale = set(re.findall(r"^(\S+):$", dvc("status", cwd=repo).stdout, re.MULTILINE))
+    readers = {"teacher", "distill", "sft", "mine", "sft_extended", "prm_data", *EVALUATED}
+    assert readers <= stale and not stale & {"synthesize", "animate", "base"}, (readers, stale)
+
+
+def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_api):
+    write_jsonl(tmp_path / "math" / "train.jsonl", math_rows(150, 0))
+    write_jsonl(tmp_path / "math" / "test.jsonl", math_rows(20, 1))
+    repo = make_repo(tmp_path, "repo", [
+        "task.kind=dataset", f"task.dataset={{path: {tmp_path / 'math'}, prompt_field: problem, "
+        "answer_field: solution, answer_extraction: boxed, val_fraction: 0.1}", "task.answer_format=boxed",
+        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc]", "prm_data.mcts_questions=0"])
+    proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ALL_STAGES
+    from pipeline.io import read_rows
+
+    train = read_rows(repo / "data/synthesize/train.parquet")
+    assert any(r["answer"].startswith("\\frac{") for r in train)  # nested braces kept whole
+    # The solution already states its answer in \boxed{}: it is the SFT completion as it is, two paragraph steps.
+    assert all(r["rationale"].endswith("}$.") and len(r["steps"]) == 2 for r in train)
+    assert json.loads((repo / "metrics/evaluate/sft.json").read_text())["questions"] > 0

@@ -1,0 +1,91 @@
+"""pipeline.task: one reading of a completion (answer, grade, steps, shape, SFT target) per task, on hand-written
+completions; and the `task` params section's checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import task as tasks
+from pipeline.config import NO_DATA_DEPENDENCY, ConfigError, TaskConfig, parse_section
+from pipeline.task import COF, Task
+
+GSM8K = Task("dataset", "gsm8k", "math_verify", "line")
+BOXED = Task("dataset", "boxed", "math_verify", "paragraph")
+LAST = Task("dataset", "last_number", "exact", "line")
+COF_TEXT = "Step 1: The value of Tigers is 19.\nStep 2: 19 - 6 = 13.\nAnswer: 13\nStep 3: ignored"
+
+
+def test_the_chart_task_reads_step_lines_and_the_answer_line_as_before():
+    assert COF.steps(COF_TEXT) == ["Step 1: The value of Tigers is 19.", "Step 2: 19 - 6 = 13.", "Answer: 13"]
+    assert COF.extract(COF_TEXT) == "13"
+    assert COF.is_correct(COF_TEXT, "13.5", "number")  # relaxed: within 5%
+    assert not COF.is_correct(COF_TEXT, "15", "number")
+    assert COF.is_terminal("Answer: 4") and not COF.is_terminal("Step 1: x is 4.")
+    assert COF.is_formatted("Step 1: a is 1.\nAnswer: 1") and not COF.is_formatted("Answer: 1")
+    assert COF.target("Step 1: a is 1.", "1") == "Step 1: a is 1.\nAnswer: 1"
+
+
+def test_a_gsm8k_completion_ends_at_its_answer_line():
+    text = "Tom has 3 + 4 = <<3+4=7>>7 apples.\nHe gives 2 away: 7 - 2 = 5.\n#### 5\nleftover text"
+    assert GSM8K.steps(text) == ["Tom has 3 + 4 = <<3+4=7>>7 apples.", "He gives 2 away: 7 - 2 = 5.", "#### 5"]
+    assert GSM8K.extract(text) == "5"
+    assert GSM8K.is_correct(text, "5", "number") and not GSM8K.is_correct(text, "6", "number")
+    assert not GSM8K.is_formatted(text)  # text after the answer
+    assert GSM8K.is_formatted(text.rsplit("\n", 1)[0])
+    assert not GSM8K.is_formatted("#### 5")  # no step before the answer
+    assert GSM8K.target("a\nb", "5") == "a\nb\n#### 5"
+    assert GSM8K.extract(GSM8K.target("a\nb", "1,000")) == "1,000"
+
+
+def test_paragraph_steps_and_a_boxed_answer():
+    text = "First we halve it:\n$x = \\frac{1}{2}$.\n\nThen the answer is \\boxed{\\frac{1}{2}}.\n\nExtra."
+    assert BOXED.steps(text) == ["First we halve it: $x = \\frac{1}{2}$.", "Then the answer is \\boxed{\\frac{1}{2}}."]
+    assert BOXED.step_break == "\n\n"
+    assert BOXED.is_correct(text, "0.5", "text")  # math-verify: \frac{1}{2} is 0.5
+    assert BOXED.join(["a", "b"]) == "a\n\nb\n\n"
+    assert BOXED.target("a", "\\frac{1}{2}") == "a\n\nThe answer is \\boxed{\\frac{1}{2}}."
+    assert BOXED.target("so $\\boxed{3}$.", "3") == "so $\\boxed{3}$."  # MATH's solution states it already
+
+
+def test_last_number_never_ends_a_path_early_and_reasoning_tags_are_skipped():
+    text = "<think>maybe 99</think>\n2 + 3 = 5\nSo 5 in all."
+    assert LAST.steps(text) == ["<think>maybe 99</think>", "2 + 3 = 5", "So 5 in all."]
+    assert LAST.extract(text) == "5"
+    assert LAST.is_formatted(text) and not LAST.is_formatted("So 5 in all.")
+    assert not LAST.is_terminal("2 + 3 = 5")
+
+
+def test_non_text_completions_are_wrong_not_errors():
+    for task in (COF, GSM8K, BOXED, LAST):
+        assert task.steps(None) == [] and task.extract(None) is None
+        assert not task.is_correct(None, "5", "number")
+
+
+def test_active_follows_use_and_falls_back_to_params(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
+    tasks._from_params.cache_clear()
+    try:
+        assert tasks.active() == COF  # no params file: the chart task
+        tasks.use(GSM8K)
+        assert tasks.active() == GSM8K
+    finally:
+        tasks.use(None)
+        tasks._from_params.cache_clear()
+    assert tasks.active() == COF
+
+
+def test_the_task_section_checks_kind_dataset_and_its_dependency():
+    dataset = {"path": "examples/gsm8k", "answer_extraction": "gsm8k"}
+    ok = parse_section("task", TaskConfig, {"kind": "dataset", "dataset": dataset, "data_dependency": "examples/gsm8k",
+                                            "answer_format": "gsm8k"})
+    assert ok.dataset.path == "examples/gsm8k"
+    hub = parse_section("task", TaskConfig, {"kind": "dataset", "dataset": {"path": "openai/gsm8k", "name": "main"}})
+    assert hub.data_dependency == NO_DATA_DEPENDENCY  # a Hub id: nothing local to watch
+    with pytest.raises(ConfigError, match="dataset: required for kind dataset"):
+        parse_section("task", TaskConfig, {"kind": "dataset"})
+    with pytest.raises(ConfigError, match="data_dependency: must be 'examples/gsm8k'"):
+        parse_section("task", TaskConfig, {"kind": "dataset", "dataset": dataset})
+    with pytest.raises(ConfigError, match="answer_format must be answer_line"):
+        parse_section("task", TaskConfig, {"answer_format": "boxed"})
+    with pytest.raises(ConfigError, match="must be null for kind cof"):
+        parse_section("task", TaskConfig, {"dataset": dataset})
