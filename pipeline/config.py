@@ -684,8 +684,11 @@ def is_local_dataset(path: str) -> bool:
 
 
 def data_dependency_for(dataset_path: str | None) -> str:
-    """`task.data_dependency` for a dataset path: the path itself when local, else `NO_DATA_DEPENDENCY`."""
-    return dataset_path if dataset_path is not None and is_local_dataset(dataset_path) else NO_DATA_DEPENDENCY
+    """`task.data_dependency` for a dataset path: the path itself when local (`~` expanded: DVC does not expand it),
+    else `NO_DATA_DEPENDENCY`."""
+    if dataset_path is None or not is_local_dataset(dataset_path):
+        return NO_DATA_DEPENDENCY
+    return str(Path(dataset_path).expanduser()) if dataset_path.startswith("~") else dataset_path
 
 
 class TaskConfig(Section):
@@ -827,4 +830,28 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
-    return {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}
+    sections = {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}
+    check_task_fit(sections["task"], sections["prm"], sections["prm_data"], sections["evaluate"], path)
+    return sections
+
+
+# Step-level search samples one line at a time (pipeline/search.py): these parts need `task.step_split: line`.
+LINE_SEARCH_STRATEGIES = ("prm_beam", "prm_mcts")
+
+
+def check_task_fit(task: TaskConfig, prm: "PRMConfig | None" = None, prm_data: "PRMDataConfig | None" = None,
+                   evaluate: "EvaluateConfig | None" = None, path: Path | str = PARAMS_FILE) -> None:
+    """Params of other sections that the task cannot serve, each named (a stage checks the sections it reads)."""
+    problems = []
+    if task.kind != "cof" and prm is not None and "gold" in prm.sources:
+        problems.append("prm.sources: gold labels need the chart task's gold step values; a dataset task's steps "
+                        "are labelled mc (Monte-Carlo rollouts) and mcts")
+    if task.step_split == "paragraph":
+        if prm_data is not None and prm_data.mcts_questions:
+            problems.append("prm_data.mcts_questions: MCTS searches one line at a time; with task.step_split "
+                            "paragraph set it to 0")
+        if evaluate is not None and (lines := [s for s in evaluate.decoding.strategies if s in LINE_SEARCH_STRATEGIES]):
+            problems.append(f"evaluate.decoding.strategies: {', '.join(lines)} search one line at a time; with "
+                            "task.step_split paragraph use greedy, maj_at_n and prm_best_of_n")
+    if problems:
+        raise ConfigError("\n".join(f"{path}: {p}" for p in problems))

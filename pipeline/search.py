@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from pipeline import task as tasks
 from pipeline.generation import generate
-from pipeline.prm import aggregate, is_terminal
+from pipeline.prm import aggregate
 
 Path = tuple[str, ...]
 
@@ -31,7 +32,7 @@ Path = tuple[str, ...]
 class Line:
     text: str  # the line, stripped, without its newline
     tokens: int  # tokens the policy generated for it
-    terminal: bool  # an `Answer:` line, or the policy stopped (EOS or the token limit) instead of starting a new line
+    terminal: bool  # a line that states the answer (`Task.ends_path`), or the policy stopped (EOS or the token limit)
 
 
 def prefix(prompt: str, lines: Path) -> str:
@@ -88,7 +89,7 @@ class StepPolicy:
                 self.tokens += g.tokens
                 text, newline, _ = g.text.partition("\n")
                 line = text.strip()
-                lines.append(Line(line, g.tokens, terminal=is_terminal(line) or not newline))
+                lines.append(Line(line, g.tokens, terminal=tasks.active().ends_path(line) or not newline))
             out.append(lines)
         return out
 

@@ -67,12 +67,18 @@ class Task:
         return predicted is not None and self.grade(predicted, answer, answer_type)
 
     def is_terminal(self, step: str) -> bool:
-        """Does this step state the answer (so a path ends with it)? `last_number` answers only at the end."""
+        """Does this step state an answer? (`last_number`: does it hold a number; the PRM reads a path's last step
+        as its answer when it does.) A line or a raw paragraph: an `Answer:` line anywhere in it counts."""
         if self.answer_format == "answer_line":
-            return step.strip().startswith(grading.ANSWER_PREFIX)
+            return any(line.strip().startswith(grading.ANSWER_PREFIX) for line in step.splitlines() or [""])
         if self.answer_format == "last_number":
-            return False
+            return answers.last_number(answers.strip_reasoning(step)) is not None
         return self.extract(step) is not None
+
+    def ends_path(self, step: str) -> bool:
+        """Does a path end with this step (step-level search stops here)? `last_number` paths end at EOS only, since
+        every step may hold a number."""
+        return self.answer_format != "last_number" and self.is_terminal(step)
 
     def steps(self, completion: object) -> list[str]:
         """The steps a PRM scores, in order, up to and including the first that states the answer.
@@ -85,19 +91,21 @@ class Task:
         if self.is_cof:
             return _cof_steps(completion)
         out = []
-        for part in self._parts(completion):
-            out.append(part)
-            if self.is_terminal(part):
+        for raw in self._raw_parts(completion):
+            out.append(" ".join(raw.split()) if self.step_split == "paragraph" else raw)
+            if self.ends_path(raw):  # decided on the raw text: a paragraph's `Answer:` line is still a line
                 break
         return out
 
+    def _raw_parts(self, completion: str) -> list[str]:
+        """Every non-blank line, or paragraph as written, of a dataset completion."""
+        parts = _PARAGRAPH_BREAK.split(completion) if self.step_split == "paragraph" else completion.splitlines()
+        return [p.strip() for p in parts if p.strip()]
+
     def _parts(self, completion: str) -> list[str]:
-        """Every non-blank line or paragraph of a dataset completion."""
-        if self.step_split == "paragraph":
-            parts = [" ".join(p.split()) for p in _PARAGRAPH_BREAK.split(completion)]
-        else:
-            parts = [line.strip() for line in completion.splitlines()]
-        return [p for p in parts if p]
+        """Every non-blank line or paragraph (whitespace collapsed) of a dataset completion."""
+        raw = self._raw_parts(completion)
+        return [" ".join(p.split()) for p in raw] if self.step_split == "paragraph" else raw
 
     def join(self, steps: list[str] | tuple[str, ...]) -> str:
         """Steps back into completion text, each ended by the step break (what the policy continues)."""
@@ -113,14 +121,13 @@ class Task:
         parts = self._parts(completion)
         if len(parts) < 2 or self.steps(completion) != parts:  # no step before the answer, or text after it
             return False
-        last = parts[-1]
-        return answers.last_number(last) is not None if self.answer_format == "last_number" else self.is_terminal(last)
+        return self.is_terminal(self._raw_parts(completion)[-1])
 
     def target(self, rationale: str, answer: str) -> str:
         """An SFT completion: the rationale's steps, then the answer as `answer_format` states it (a rationale
         that already states it, as MATH's solutions do in \\boxed{}, is kept as it is)."""
         body = rationale.strip()
-        if body and self.answer_format != "last_number" and self.extract(body) is not None:
+        if body and self.answer_format != "last_number" and answers.grade_exact(self.extract(body), answer):
             return body
         ending = _ANSWER_ENDINGS[self.answer_format].format(answer)
         return f"{body}{self.step_break}{ending}" if body else ending

@@ -24,7 +24,7 @@ import shutil
 import torch
 
 from pipeline import paths
-from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, load_section
+from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, check_task_fit, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import load_tokenizer, save_model
@@ -73,8 +73,9 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("prm", PRMConfig)
         policy = load_section("prm_data", PRMDataConfig).policy
-        kind = load_section("task", TaskConfig).kind
-    run_stage("prm", _flow, cfg, policy, kind)
+        task_cfg = load_section("task", TaskConfig)
+        check_task_fit(task_cfg, prm=cfg)
+    run_stage("prm", _flow, cfg, policy, task_cfg.kind)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_ap
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {tmp_path / 'math'}, prompt_field: problem, "
         "answer_field: solution, answer_extraction: boxed, val_fraction: 0.1}", "task.answer_format=boxed",
-        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc]", "prm_data.mcts_questions=0"])
+        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc]", "prm_data.mcts_questions=0",
+        "evaluate.decoding.strategies=[greedy, maj_at_n, prm_best_of_n]"])
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
     assert ran_stages(proc.stdout + proc.stderr) == ALL_STAGES
     from pipeline.io import read_rows

@@ -52,7 +52,7 @@ def test_last_number_never_ends_a_path_early_and_reasoning_tags_are_skipped():
     assert LAST.steps(text) == ["<think>maybe 99</think>", "2 + 3 = 5", "So 5 in all."]
     assert LAST.extract(text) == "5"
     assert LAST.is_formatted(text) and not LAST.is_formatted("So 5 in all.")
-    assert not LAST.is_terminal("2 + 3 = 5")
+    assert not LAST.ends_path("2 + 3 = 5")
 
 
 def test_non_text_completions_are_wrong_not_errors():
@@ -89,3 +89,31 @@ def test_the_task_section_checks_kind_dataset_and_its_dependency():
         parse_section("task", TaskConfig, {"answer_format": "boxed"})
     with pytest.raises(ConfigError, match="must be null for kind cof"):
         parse_section("task", TaskConfig, {"dataset": dataset})
+
+
+def test_an_answer_line_inside_a_paragraph_ends_it_and_a_different_stated_answer_gets_the_gold_ending():
+    para = Task("dataset", "answer_line", "exact", "paragraph")
+    text = "First 2 + 3 = 5.\n\nSo it is 5.\nAnswer: 5\n\nmore"
+    assert para.steps(text) == ["First 2 + 3 = 5.", "So it is 5. Answer: 5"]
+    assert para.is_formatted(text.rsplit("\n\n", 1)[0])
+    # A worked solution that states another answer than the gold one is not an SFT target as it is.
+    assert BOXED.target("so $\\boxed{3}$.", "5") == "so $\\boxed{3}$.\n\nThe answer is \\boxed{5}."
+
+
+def test_last_number_steps_state_answers_but_only_eos_ends_a_search_path():
+    assert LAST.is_terminal("2 + 3 = 5") and not LAST.ends_path("2 + 3 = 5")
+    assert GSM8K.ends_path("#### 5") and not GSM8K.ends_path("3 + 2 = 5")
+
+
+def test_the_task_must_fit_the_prm_and_search_params():
+    from pipeline.config import EvaluateConfig, PRMConfig, PRMDataConfig, check_task_fit
+
+    dataset = TaskConfig(kind="dataset", dataset={"path": "openai/gsm8k"})
+    with pytest.raises(ConfigError, match="prm.sources: gold labels need the chart task"):
+        check_task_fit(dataset, prm=PRMConfig())
+    check_task_fit(dataset, prm=PRMConfig(sources=["mc", "mcts"]))
+    paragraph = dataset.model_copy(update={"step_split": "paragraph"})
+    with pytest.raises(ConfigError, match="prm_data.mcts_questions") as err:
+        check_task_fit(paragraph, prm_data=PRMDataConfig(), evaluate=EvaluateConfig())
+    assert "evaluate.decoding.strategies: prm_beam, prm_mcts" in str(err.value)
+    check_task_fit(TaskConfig(), PRMConfig(), PRMDataConfig(), EvaluateConfig())  # the chart task: all of it
