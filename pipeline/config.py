@@ -691,6 +691,17 @@ def data_dependency_for(dataset_path: str | None) -> str:
     return str(Path(dataset_path).expanduser()) if dataset_path.startswith("~") else dataset_path
 
 
+class ModelLoadConfig(Section):
+    """`model`: how every stage loads a model (the student, the policies between stages, a Hub teacher, the PRM)."""
+
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "float32", description="weights as loaded: auto keeps each checkpoint's own dtype (bfloat16 for most Hub "
+        "models); float32 trains and samples on any CPU")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
+        None, description="attention kernel (null: transformers' choice, sdpa where it can; flash_attention_2 needs "
+        "the flash-attn package and a GPU)")
+
+
 class TaskConfig(Section):
     """`task`: the questions (the CoF charts or your dataset), how an answer is stated and graded, what a step is."""
 
@@ -731,6 +742,7 @@ class TaskConfig(Section):
 
 SECTIONS: dict[str, type[Section]] = {
     "task": TaskConfig,
+    "model": ModelLoadConfig,
     "synthesize": SynthesizeConfig,
     "base": BaseModelConfig,
     "teacher": TeacherConfig,

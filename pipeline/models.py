@@ -9,6 +9,7 @@ causal LM built from a config.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -16,9 +17,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-from pipeline.config import BaseModelConfig, TeacherConfig
+from pipeline.config import BaseModelConfig, ModelLoadConfig, TeacherConfig
 from pipeline.io import InputError
 
+DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 
@@ -127,16 +129,36 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
         return AutoTokenizer.from_pretrained(str(path))
 
 
-def load_model(path: Path | str, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+@lru_cache(maxsize=1)
+def _load_config() -> ModelLoadConfig:
+    """params.yaml's `model` section (its defaults without a params file, as in a unit test)."""
+    from pipeline.config import params_path, parse_section, read_params
+
+    path = params_path()
+    return parse_section("model", ModelLoadConfig, read_params(path).get("model"), path) if path.exists() \
+        else ModelLoadConfig()
+
+
+def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
+    """`from_pretrained` keywords from the `model` section: the dtype (unless `dtype` is given) and the attention."""
+    cfg = _load_config()
+    out: dict = {"dtype": dtype if dtype is not None else DTYPES[cfg.dtype]}
+    if cfg.attn_implementation is not None:
+        out["attn_implementation"] = cfg.attn_implementation
+    return out
+
+
+def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
     """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1).
 
-    The model goes to `device` (default: `default_device()`), so that the stages that
-    sample (mine, prm_data, evaluate) use a GPU when there is one, as the trainers do.
+    Its dtype and attention come from the `model` section unless `dtype` is given. The model goes
+    to `device` (default: `default_device()`), so that the stages that sample (mine, prm_data,
+    evaluate) use a GPU when there is one, as the trainers do.
     """
     path = str(path)
     try:
         tokenizer = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, **load_kwargs(dtype))
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
     model.to(device or default_device())

@@ -315,7 +315,9 @@ def prm_from_policy(path: Path | str, extra_layers: int = 0):
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path))
+    from pipeline.models import load_kwargs
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs())
     if extra_layers:
         model = _deepened(model, extra_layers)
     setattr(model.config, PRM_MARK, "next_token")
@@ -371,11 +373,11 @@ class PRMScorer:
         """A saved PRM on `device` (default: the GPU when there is one)."""
         from transformers import AutoModelForCausalLM
 
-        from pipeline.models import default_device, load_tokenizer
+        from pipeline.models import default_device, load_kwargs, load_tokenizer
 
         try:
             tokenizer = load_tokenizer(path)
-            model = AutoModelForCausalLM.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs())
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: cannot load the PRM: {exc}") from exc
         if getattr(model.config, PRM_MARK, None) != "next_token":

@@ -106,3 +106,31 @@ def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path, monkeypatch)
     monkeypatch.setattr("pipeline.models.AutoTokenizer.from_pretrained", second_try)
     with pytest.raises(OSError):
         load_tokenizer(tmp_path / "nothing-here")
+
+
+def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path, monkeypatch):
+    import torch
+
+    from pipeline import models
+    from pipeline.config import BaseModelConfig
+    from pipeline.models import build_student, load_kwargs, load_model, save_model, train_tokenizer
+
+    tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
+    cfg = BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    save_model(build_student(cfg, tok), tok, tmp_path / "m")
+    params = tmp_path / "params.yaml"
+    params.write_text("model: {dtype: bfloat16, attn_implementation: eager}\n")
+    monkeypatch.setenv("PIPELINE_PARAMS", str(params))
+    models._load_config.cache_clear()
+    try:
+        assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager"}
+        model, _ = load_model(tmp_path / "m", device="cpu")
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert model.config._attn_implementation == "eager"
+        assert next(load_model(tmp_path / "m", dtype=torch.float32, device="cpu")[0].parameters()).dtype == torch.float32
+    finally:
+        models._load_config.cache_clear()
+    monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
+    assert load_kwargs() == {"dtype": torch.float32}  # no params file: float32, transformers' attention
+    models._load_config.cache_clear()
