@@ -89,7 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.compare import bootstrap_markdown
+    from pipeline.compare import bootstrap_markdown, compare_models, gate, parse_gate
     from pipeline.report import (STUDENTS, decoding_markdown, generalisation_markdown, load_evaluations,
                                  results_markdown)
 
@@ -107,10 +107,24 @@ def _report(args: argparse.Namespace) -> int:
     print()
     print(generalisation_markdown(evaluations))
     print()
-    print(diff_markdown(args.rev))
+    revs = args.rev or ["HEAD"]
+    if len(revs) > 2:
+        print(f"error: --rev: at most two revisions (got {len(revs)})", file=sys.stderr)
+        return 2
+    before, after = revs[0], revs[1] if len(revs) == 2 else None
+    try:
+        gates = [parse_gate(spec) for spec in args.fail_on_regression]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(diff_markdown(before, after))
     print()
-    print(bootstrap_markdown(args.rev, ["teacher", *STUDENTS]))
-    return 0
+    results = compare_models(before, ["teacher", *STUDENTS], after)
+    print(bootstrap_markdown(before, ["teacher", *STUDENTS], after, results=results))
+    failures = gate(results, args.fail_on_regression) if gates else []
+    for failure in failures:
+        print(f"regression: {failure}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -142,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--pull", action="store_true")
     serve.add_argument("--push", action="store_true")
     report = sub.add_parser("report", help="metrics and their diff against a revision")
-    report.add_argument("--rev", default="HEAD", help="git revision to compare with (default: HEAD)")
+    report.add_argument("--rev", action="append", help="a git revision or experiment to compare: once, against the "
+                        "workspace; twice, the first against the second (default: HEAD against the workspace)")
+    report.add_argument("--fail-on-regression", action="append", default=[], metavar="MODEL[:MARGIN]",
+                        help="exit 1 when MODEL's greedy test accuracy fell by more than MARGIN (a fraction, default "
+                        "0) beyond doubt: the upper 95%% bound of the paired change below -MARGIN; repeatable")
     report.add_argument("--results", action="store_true",
                         help="only the results table of the README (this run beside docs/results/)")
     sub.add_parser("status", help="dvc status")

@@ -90,28 +90,71 @@ def read_predictions(path: str, rev: str | None = None, split: str = "test") -> 
     return [row for row in table.to_pylist() if row.get("split") == split]
 
 
-def bootstrap_markdown(rev: str, models: Sequence[str], split: str = "test") -> str:
-    """Each model's greedy accuracy at `rev` against the workspace, paired per question, as a markdown table."""
-    lines = [f"Greedy accuracy on {split}, {rev} against the workspace (paired bootstrap, {RESAMPLES:,} resamples, "
-             f"seed {SEED}):", "",
-             f"| model | {rev} | workspace | change | 95% interval | questions |", "|---|---|---|---|---|---|"]
+def compare_models(before: str, models: Sequence[str], after: str | None = None, split: str = "test"
+                   ) -> dict[str, dict | str]:
+    """model -> its paired bootstrap from revision `before` to `after` (None: the workspace), or why there is none.
+
+    With the workspace as `after`, a model it has not evaluated is left out."""
+    from pathlib import Path
+
+    out: dict[str, dict | str] = {}
     for model in models:
         path = f"data/evaluate/{model}/predictions.parquet"
-        try:
-            now = read_predictions(path, None, split)
-        except FileNotFoundError:
-            continue  # not evaluated in the workspace
-        try:
-            then = read_predictions(path, rev, split)
-        except Exception as exc:  # not at that revision, or in neither the cache nor the remote
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            lines.append(f"| {model} | no predictions at {rev}: {reason} | | | | |")
+        if after is None and not Path(path).exists():
             continue
         try:
-            r = paired_bootstrap(then, now)
+            then, now = read_predictions(path, before, split), read_predictions(path, after, split)
+        except Exception as exc:  # not at that revision, or in neither the cache nor the remote
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            out[model] = f"no predictions: {reason}"
+            continue
+        try:
+            out[model] = paired_bootstrap(then, now)
         except NotComparable as exc:
-            lines.append(f"| {model} | not comparable: {exc} | | | | |")
+            out[model] = f"not comparable: {exc}"
+    return out
+
+
+def bootstrap_markdown(before: str, models: Sequence[str], after: str | None = None, split: str = "test",
+                       results: dict[str, dict | str] | None = None) -> str:
+    """Each model's greedy accuracy at `before` against `after` (None: the workspace), paired per question, as a
+    markdown table; a model evaluated in neither is left out."""
+    results = results if results is not None else compare_models(before, models, after, split)
+    to = after or "workspace"
+    lines = [f"Greedy accuracy on {split}, {before} against {to} (paired bootstrap, {RESAMPLES:,} resamples, "
+             f"seed {SEED}):", "",
+             f"| model | {before} | {to} | change | 95% interval | questions |", "|---|---|---|---|---|---|"]
+    for model, r in results.items():
+        if isinstance(r, str):
+            lines.append(f"| {model} | {r} | | | | |")
             continue
         lines.append(f"| {model} | {r['before']:.3f} | {r['after']:.3f} | {r['difference']:+.3f} | "
                      f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['questions']} |")
     return "\n".join(lines)
+
+
+def parse_gate(spec: str) -> tuple[str, float]:
+    """'grpo:0.01' -> ('grpo', 0.01): a model whose greedy test accuracy must not fall by more than the margin
+    (accuracy points as a fraction; no margin: 0)."""
+    model, _, margin = spec.partition(":")
+    try:
+        value = float(margin) if margin else 0.0
+    except ValueError:
+        value = -1.0
+    if not model or not 0 <= value < 1:
+        raise ValueError(f"--fail-on-regression {spec!r}: expected MODEL[:MARGIN], e.g. grpo:0.01 (a margin in [0, 1))")
+    return model, value
+
+
+def gate(results: dict[str, dict | str], specs: Sequence[str]) -> list[str]:
+    """Why each gated model fails: a sure drop beyond its margin, or no comparison to judge by; [] when all pass."""
+    failures = []
+    for spec in specs:
+        model, margin = parse_gate(spec)
+        r = results.get(model, "not compared (not an evaluated model)")
+        if isinstance(r, str):
+            failures.append(f"{model}: cannot judge a regression: {r}")
+        elif regressed(r, margin):
+            failures.append(f"{model}: accuracy {r['before']:.3f} -> {r['after']:.3f} ({r['difference']:+.3f}, 95% "
+                            f"interval [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]) fell by more than {margin}")
+    return failures

@@ -51,11 +51,12 @@ def metrics_rows(root: Path = paths.METRICS) -> list[dict]:
     return rows
 
 
-def diff_markdown(rev: str = "HEAD") -> str:
-    """`dvc metrics diff` of the workspace against `rev`, as a markdown table."""
-    proc = dvc("metrics", "diff", rev, "--json", capture=True)
+def diff_markdown(rev: str = "HEAD", after: str | None = None) -> str:
+    """`dvc metrics diff` of `after` (None: the workspace) against `rev`, as a markdown table."""
+    revs = [rev] + ([after] if after else [])
+    proc = dvc("metrics", "diff", *revs, "--json", capture=True)
     if proc.returncode != 0:
-        return f"`dvc metrics diff {rev}` failed: {proc.stderr.strip()[:500]}"
+        return f"`dvc metrics diff {' '.join(revs)}` failed: {proc.stderr.strip()[:500]}"
     diff = json.loads(proc.stdout or "{}")  # DVC 3: {file: {metric: {old, new, diff}}}, no wrapper key
     lines = ["| file | metric | old | new | change |", "|---|---|---|---|---|"]
     for file, entries in sorted(diff.items()):

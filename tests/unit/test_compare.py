@@ -58,3 +58,49 @@ def test_different_test_sets_are_refused():
         paired_bootstrap(rows([True]) * 2, rows([True]))
     with pytest.raises(NotComparable, match="only before"):
         paired_bootstrap(rows([True], split="test"), rows([True], split="ood"))
+
+
+def test_the_gate_fails_a_sure_drop_beyond_its_margin_and_a_model_it_cannot_judge():
+    from pipeline.compare import gate, parse_gate
+
+    results = {"sft": paired_bootstrap(rows([True] * 200), rows([True] * 190 + [False] * 10)),
+               "grpo": paired_bootstrap(rows([True, False] * 50), rows([True, False] * 50)),
+               "dpo": "no predictions: not at that revision"}
+    assert gate(results, ["grpo", "sft:0.05"]) == []
+    failed = gate(results, ["sft:0.01", "dpo", "teacher"])
+    assert failed[0].startswith("sft: accuracy 1.000 -> 0.950 (-0.050, 95% interval [") and "by more than 0.01" in failed[0]
+    assert failed[1] == "dpo: cannot judge a regression: no predictions: not at that revision"
+    assert failed[2].startswith("teacher: cannot judge")
+    assert parse_gate("grpo") == ("grpo", 0.0) and parse_gate("grpo:0.02") == ("grpo", 0.02)
+    for bad in ("", ":0.1", "grpo:x", "grpo:1.5"):
+        with pytest.raises(ValueError, match="MODEL\\[:MARGIN\\]"):
+            parse_gate(bad)
+
+
+def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_regression(monkeypatch, capsys):
+    from pipeline import __main__ as cli
+    from pipeline import compare, orchestrate, report
+
+    by_rev = {"A": rows([True] * 200), "B": rows([True] * 150 + [False] * 50)}
+    asked = []
+
+    def read(path, rev=None, split="test"):
+        asked.append((path, rev))
+        return by_rev[rev]
+
+    monkeypatch.setattr(compare, "read_predictions", read)
+    monkeypatch.setattr(orchestrate, "diff_markdown", lambda before, after=None: f"diff {before} {after}")
+    monkeypatch.setattr(orchestrate, "metrics_rows", lambda: [])
+    monkeypatch.setattr(orchestrate, "models_markdown", lambda: "")
+    monkeypatch.setattr(report, "load_evaluations", lambda: {})
+    monkeypatch.setattr(report, "decoding_markdown", lambda e: "")
+    monkeypatch.setattr(report, "generalisation_markdown", lambda e: "")
+    assert cli.main(["report", "--rev", "A", "--rev", "B"]) == 0
+    out = capsys.readouterr().out
+    assert "diff A B" in out and "| sft | 1.000 | 0.750 | -0.250 |" in out and "A against B" in out
+    assert ("data/evaluate/sft/predictions.parquet", "B") in asked
+    assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.1"]) == 1
+    assert "regression: sft: accuracy 1.000 -> 0.750" in capsys.readouterr().err
+    assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.3"]) == 0
+    assert cli.main(["report", "--rev", "A", "--rev", "B", "--rev", "C"]) == 2
+    assert cli.main(["report", "--fail-on-regression", "sft:2"]) == 2
