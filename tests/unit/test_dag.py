@@ -102,3 +102,12 @@ def test_log_imports_lists_the_repository_files_this_process_imported(tmp_path, 
     assert first["stage"] == "prm" and second["stage"] == "evaluate@sft"
     assert {"pipeline/prm.py", "pipeline/flows.py"} <= set(first["files"])
     assert all(f.startswith(("pipeline/", "stages/")) for f in first["files"])  # not tests/ or site-packages
+
+
+def test_every_evaluated_model_has_its_images_declared_as_plots():
+    """`dvc plots diff` shows what dvc.yaml declares: each model of the evaluate matrix, both of its images."""
+    dag = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    declared = {p for p in dag["plots"] if isinstance(p, str)}
+    for model in dag["stages"]["evaluate"]["matrix"]["model"]:
+        for image in ("by_task_type", "decoding"):
+            assert f"plots/evaluate/{model}/{image}.png" in declared, f"dvc.yaml plots: {model}'s {image}.png"
