@@ -181,3 +181,21 @@ def test_dvc_exp_run_with_a_changed_param(repo, monkeypatch):
     sft = next(line for line in table.splitlines() if line.startswith("| sft |"))
     assert re.search(r"\| \+0\.000 \| \[\+0\.000, \+0\.000\] \| \d+ \|$", sft), table  # sft did not re-run
     assert re.search(r"^\| dpo \| [01]\.\d{3} \| [01]\.\d{3} \| [+-]\d\.\d{3} \| \[", table, re.M), table
+
+
+def test_the_default_remote_beside_the_repository_carries_the_outputs_to_a_fresh_clone(repo, tmp_path):
+    """.dvc/config's default remote is a folder beside the repository: commit, push there, clone, pull, and the clone
+    has nothing to re-run."""
+    remote = (repo / ".dvc" / dvc("config", "remote.local.url", cwd=repo).stdout.strip()).resolve()
+    assert remote.parent == repo.parent  # beside the work tree, not in it
+    remote.mkdir(exist_ok=True)  # what `make remote` does
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "the version to share", "--allow-empty"], repo)
+    dvc("push", cwd=repo)
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    # The clone's relative url resolves beside the clone; point it at the folder pushed to, as a --local config would.
+    dvc("remote", "modify", "--local", "local", "url", str(remote), cwd=clone)
+    dvc("pull", cwd=clone)
+    assert (clone / "models/sft/model.safetensors").exists() and (clone / "data/mine/rl.parquet").exists()
+    assert ran_stages(dvc("repro", "--dry", cwd=clone).stdout) == []
