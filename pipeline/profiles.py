@@ -27,7 +27,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pipeline.config import SECTIONS, ConfigError, data_dependency_for, Section, params_path, parse_section, read_mapping, read_params
+from pipeline.config import (SECTIONS, ConfigError, Section, data_dependency_for, params_path, parse_section, read_mapping,
+                             read_params)
 from pipeline.io import atomic_write_text
 
 PROFILES_DIR = Path("profiles")
@@ -176,9 +177,10 @@ def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None 
         key, value = parse_set(item)
         params = merge(params, nested(key, value), f"-S {item}")
     task = params["task"]
-    if isinstance(task, dict) and isinstance(task.get("dataset"), dict | None):
+    dataset = task.get("dataset") if isinstance(task, dict) else 0
+    if isinstance(dataset, dict | None):  # anything else fails validation below, naming the key
         # Derived, not chosen: the DVC dependency of `synthesize` follows the dataset's path.
-        task["data_dependency"] = data_dependency_for((task.get("dataset") or {}).get("path"))
+        task["data_dependency"] = data_dependency_for((dataset or {}).get("path"))
     return {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
             for name in SECTIONS}
 
