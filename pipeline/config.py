@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -702,6 +703,23 @@ class ModelLoadConfig(Section):
         "the flash-attn package and a GPU)")
 
 
+class PromptConfig(Section):
+    """`prompt`: how a question reaches the model: as its own text, or through the tokenizer's chat template."""
+
+    format: Literal["raw", "chat"] = Field(
+        "raw", description="raw: the question text is the model's input and the completion follows it; chat: a "
+        "user message (after `system`, if set) rendered by the tokenizer's own chat template, and SFT, GRPO and "
+        "DPO train on TRL's conversational format (a loaded model must have a template; a built one gets one)")
+    system: str | None = Field(None, min_length=1, description="chat: a system message before every question "
+                               "(null: none)")
+
+    @model_validator(mode="after")
+    def _system(self) -> "PromptConfig":
+        if self.system is not None and self.format != "chat":
+            raise ValueError("system: a system message needs format chat (raw prompts have no roles)")
+        return self
+
+
 class TaskConfig(Section):
     """`task`: the questions (the CoF charts or your dataset), how an answer is stated and graded, what a step is."""
 
@@ -742,6 +760,7 @@ class TaskConfig(Section):
 
 SECTIONS: dict[str, type[Section]] = {
     "task": TaskConfig,
+    "prompt": PromptConfig,
     "model": ModelLoadConfig,
     "synthesize": SynthesizeConfig,
     "base": BaseModelConfig,
@@ -844,6 +863,9 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
     sections = {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}
     check_task_fit(sections["task"], sections["prm"], sections["prm_data"], sections["evaluate"], path)
+    from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
+
+    check_models(sections["prompt"], sections["base"], sections["teacher"], path)
     return sections
 
 
@@ -867,3 +889,16 @@ def check_task_fit(task: TaskConfig, prm: "PRMConfig | None" = None, prm_data: "
                             "task.step_split paragraph use greedy, maj_at_n and prm_best_of_n")
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems))
+
+
+def active_section(name: str) -> Section:
+    """One section of params.yaml for code that is not a stage's main (the task, the prompt format, model
+    loading): read once per process and params file; its defaults when there is no params file, as in a unit
+    test."""
+    return _active_section(name, str(params_path()))
+
+
+@lru_cache(maxsize=None)
+def _active_section(name: str, path: str) -> Section:
+    model = SECTIONS[name]
+    return parse_section(name, model, read_params(Path(path)).get(name), path) if Path(path).exists() else model()

@@ -16,6 +16,8 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
+from pipeline import chat
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -168,6 +170,6 @@ class LocalSampler:
         max_new_tokens: int = 192, seed: int = 0,
     ) -> list[list[Generation]]:
         return generate(
-            self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0, temperature=temperature,
+            self.model, self.tokenizer, [chat.render(self.tokenizer, p) for p in prompts], max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0, temperature=temperature,
             top_p=top_p, num_return_sequences=n, seed=seed,
         )

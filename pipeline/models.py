@@ -9,7 +9,6 @@ causal LM built from a config.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -17,12 +16,24 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
-from pipeline.config import BaseModelConfig, ModelLoadConfig, TeacherConfig
+from pipeline.config import BaseModelConfig, TeacherConfig, active_section
 from pipeline.io import InputError
 
 DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
+
+# The chat template of every tokenizer the DAG builds (prompt.format chat): ChatML's layout with
+# plain-text headers, so the vocabulary stays the corpus's own. The assistant turn ends with EOS and nothing after it, so the
+# rendered prompt (ending "<|assistant|>\n") is a prefix of the rendered prompt + completion (TRL
+# masks the completion by that prefix).
+BUILT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] }}"
+    "{%- if message['role'] == 'assistant' -%}{{ eos_token }}{%- else -%}{{ '\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\n' }}{%- endif -%}"
+)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "pairs") -> PreTrainedTokenizerFast:
@@ -53,6 +64,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, digits: str = "pairs"
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
     fast.padding_side = "left"  # decoder-only generation pads on the left
+    fast.chat_template = BUILT_TEMPLATE  # used with prompt.format chat; raw prompts never read it
     return fast
 
 
@@ -129,19 +141,9 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
         return AutoTokenizer.from_pretrained(str(path))
 
 
-@lru_cache(maxsize=1)
-def _load_config() -> ModelLoadConfig:
-    """params.yaml's `model` section (its defaults without a params file, as in a unit test)."""
-    from pipeline.config import params_path, parse_section, read_params
-
-    path = params_path()
-    return parse_section("model", ModelLoadConfig, read_params(path).get("model"), path) if path.exists() \
-        else ModelLoadConfig()
-
-
 def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
     """`from_pretrained` keywords from the `model` section: the dtype (unless `dtype` is given) and the attention."""
-    cfg = _load_config()
+    cfg = active_section("model")
     out: dict = {"dtype": dtype if dtype is not None else DTYPES[cfg.dtype]}
     if cfg.attn_implementation is not None:
         out["attn_implementation"] = cfg.attn_implementation

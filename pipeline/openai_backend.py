@@ -30,6 +30,7 @@ import httpx
 import openai
 from tqdm.auto import tqdm
 
+from pipeline import chat
 from pipeline.generation import Generation
 from pipeline.io import InputError
 
@@ -195,7 +196,7 @@ class OpenAISampler:
         }
         try:
             if self.api == "chat":
-                messages = [{"role": "user", "content": prompt}]
+                messages = chat.messages(prompt)  # the system message of params' prompt section, then the user's
                 response = self._client.chat.completions.create(messages=messages, **common)
             else:
                 response = self._client.completions.create(prompt=prompt, **common)
@@ -227,6 +228,8 @@ class OpenAISampler:
 
     def _key(self, prompt: str, params: dict) -> str:
         ident = {"prompt": prompt, "base_url": self.base_url, "model": self.model, "api": self.api, **params}
+        if self.api == "chat" and (system := chat.active().system):
+            ident["system"] = system  # another system message asks another question
         return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def _open_cache(self) -> sqlite3.Connection:

@@ -2,8 +2,8 @@
 
     python -m pipeline.openai_server models/sft --port 8000 [--host 127.0.0.1] [--api-key-env VAR]
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions` (the message contents
-concatenated are the prompt: the tiny tokenizer has no chat template) and
+Routes: `POST /v1/completions`, `POST /v1/chat/completions` (the messages rendered by the
+tokenizer's chat template; without one, their contents concatenated) and
 `GET /v1/models`. No streaming, no `stop` sequences. One model call at a time
 (a lock), each prompt decoded alone with `pipeline.generation.generate`, so a
 greedy answer equals `generate` on that prompt in-process. Serves the embedded
@@ -119,7 +119,8 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(hook, float):
             time.sleep(hook)
         chat = route == "/v1/chat/completions"
-        prompts = [_chat_prompt(body.get("messages"))] if chat else _prompts(body.get("prompt"))
+        prompts = ([_chat_prompt(body.get("messages"), self.server.tokenizer)] if chat
+                   else _prompts(body.get("prompt")))
         return self._generate(body, prompts, chat)
 
     def _generate(self, body: dict, prompts: list[str], chat: bool) -> dict:
@@ -196,11 +197,12 @@ def _prompts(prompt: Any) -> list[str]:
     raise RequestError(400, "prompt must be a string or a non-empty list of strings")
 
 
-def _chat_prompt(messages: Any) -> str:
-    """The message contents concatenated, text parts included; roles are dropped."""
+def _chat_prompt(messages: Any, tokenizer=None) -> str:
+    """The conversation rendered by the tokenizer's chat template (as vLLM does), ready for the assistant's
+    answer; without a template, the message contents concatenated (roles dropped). Text parts count."""
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "messages must be a non-empty list")
-    parts = []
+    parts, conversation = [], []
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
@@ -208,6 +210,9 @@ def _chat_prompt(messages: Any) -> str:
         if not isinstance(content, str):
             raise RequestError(400, "each message needs a string content (or text parts)")
         parts.append(content)
+        conversation.append({"role": str(message.get("role", "user")), "content": content})
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     return "".join(parts)
 
 

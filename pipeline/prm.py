@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline import paths
+from pipeline import chat, paths
 from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig
 from pipeline.generation import pad, pad_id
 from pipeline import task as tasks
@@ -165,9 +165,10 @@ def encode_many(tokenizer, prompts: Sequence[str], lines: Sequence[Sequence[str]
     """
     if not prompts:
         return []
-    enc = tokenizer([p + "\n".join(ls) for p, ls in zip(prompts, lines)], add_special_tokens=False)
+    heads = [chat.render(tokenizer, p) for p in prompts]  # the prompt as the policy read it
+    enc = tokenizer([p + "\n".join(ls) for p, ls in zip(heads, lines)], add_special_tokens=False)
     out = []
-    for i, (prompt, pair_lines) in enumerate(zip(prompts, lines)):
+    for i, (prompt, pair_lines) in enumerate(zip(heads, lines)):
         ids, spans, start = enc["input_ids"][i], [], len(prompt)
         for line in pair_lines:
             end = start + len(line)

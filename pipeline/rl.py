@@ -27,6 +27,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from pipeline import chat
 from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
@@ -64,10 +65,14 @@ class GuidedRollout:
         self.replay, self.tau, self.replay_samples = replay, replay_max_accuracy, replay_samples
         self.stats: Counter = Counter()
 
-    def __call__(self, prompts: list[str], trainer) -> dict:
+    def __call__(self, prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
         model = trainer.accelerator.unwrap_model(trainer.model)
-        prompt_ids = tokenizer(text=prompts)["input_ids"]  # as TRL's own generation tokenizes them
+        if isinstance(prompts[0], str):
+            prompt_ids = tokenizer(text=prompts)["input_ids"]  # as TRL's own generation tokenizes them
+        else:  # conversational (prompt.format chat): TRL leaves the template to a rollout_func
+            texts = [chat.render_messages(tokenizer, p) for p in prompts]
+            prompt_ids = tokenizer(text=texts, add_special_tokens=False)["input_ids"]  # the template has its BOS
         completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step)
         if self.replay:
             completion_ids = self.guide(prompts, completion_ids, tokenizer, trainer)
@@ -79,13 +84,13 @@ class GuidedRollout:
         return decode(model, ids.to(model.device), mask.to(model.device), self.max_new_tokens,
                       tokenizer.eos_token_id, (self.temperature, self.top_p, rng, 0))
 
-    def guide(self, prompts: list[str], completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
+    def guide(self, prompts: list, completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
         """Replace the last `replay_samples` rollouts of each failing group with the gold rationale."""
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         out = list(completion_ids)
         replayed = 0
         for start in range(0, len(prompts), self.g):
-            row = self.gold[prompts[start]]
+            row = self.gold[chat.question(prompts[start])]
             group = texts[start : start + self.g]
             accuracy = sum(is_correct(t, row["answer"], row["answer_type"]) for t in group) / len(group)
             self.stats["groups"] += 1
@@ -157,7 +162,8 @@ class TBRMTrainer(GRPOTrainer):
 
 
 def rl_dataset(rows: Sequence[dict]) -> Dataset:
-    return Dataset.from_dict({c: [r[c] for r in rows] for c in RL_COLUMNS})
+    """The RL pool as TRL reads it: a prompt in the active format (`pipeline.chat`) and the reward columns."""
+    return Dataset.from_dict({c: [chat.prompt(r[c]) if c == "prompt" else r[c] for r in rows] for c in RL_COLUMNS})
 
 
 def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Path, **overrides) -> GRPOConfig:

@@ -10,7 +10,8 @@
   highest among about `n` sampled ones.
 
 A path is the tuple of lines below the prompt; the policy continues
-`prompt + line1 + "\\n" + ... + line_k + "\\n"`, exactly what it wrote itself.
+`prompt + line1 + "\\n" + ... + line_k + "\\n"`, exactly what it wrote itself, the prompt as the
+policy reads it (`StepPolicy.render`: raw, or templated by `pipeline.chat`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from pipeline import chat
 from pipeline import task as tasks
 from pipeline.generation import generate
 from pipeline.prm import aggregate
@@ -68,6 +70,10 @@ class StepPolicy:
         self.stop_ids = newline_ids(tokenizer)
         self.tokens = 0  # generated so far
         self._calls = 0
+
+    def render(self, prompt: str) -> str:
+        """What this policy reads before a question's first step (`pipeline.chat`)."""
+        return chat.render(self.tokenizer, prompt)
 
     def _next_seed(self) -> int:
         self._calls += 1
@@ -174,13 +180,14 @@ def mcts(prompts: Sequence[str], policy: StepPolicy, evaluate: Evaluator, *, ite
     (a visit). Identical sampled lines under one parent become one child.
     """
     roots = [Node() for _ in prompts]
+    heads = [policy.render(p) for p in prompts]
     for _ in tqdm(range(iterations), desc="mcts", unit="iteration", disable=not prompts):
         leaves = [select(root, c) for root in roots]
         grow = [i for i, leaf in enumerate(leaves) if not leaf.terminal]
         for i, leaf in enumerate(leaves):
             if leaf.terminal:
                 backpropagate(leaf, leaf.value)
-        sampled = policy.next_lines([prefix(prompts[i], leaves[i].lines) for i in grow], children)
+        sampled = policy.next_lines([prefix(heads[i], leaves[i].lines) for i in grow], children)
         owners, created = [], []
         for i, lines in zip(grow, sampled):
             leaf, seen = leaves[i], set()
@@ -221,13 +228,14 @@ def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, 
     finished path with the best aggregated score (`how`).
     """
     beams: list[list[tuple[Path, list[float]]]] = [[((), [])] for _ in prompts]
+    heads = [policy.render(p) for p in prompts]
     finished: list[list[tuple[Path, list[float]]]] = [[] for _ in prompts]
     for depth in range(max_steps):
         work = [(i, path, scores) for i, bs in enumerate(beams) for path, scores in bs]
         if not work:
             break
         per_beam = n if depth == 0 else max(1, n // width)
-        sampled = policy.next_lines([prefix(prompts[i], path) for i, path, _ in work], per_beam)
+        sampled = policy.next_lines([prefix(heads[i], path) for i, path, _ in work], per_beam)
         candidates: dict[int, dict[Path, bool]] = {}
         for (i, path, _), lines in zip(work, sampled):
             for line in lines:
@@ -268,7 +276,7 @@ def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, ite
         nodes = [node for node in root.walk() if node.parent is not None]
         if nodes:
             unfinished.append((i, max(nodes, key=mean_value).lines))
-    for (i, path), rest in zip(unfinished, policy.complete([prefix(prompts[i], p) for i, p in unfinished])):
+    for (i, path), rest in zip(unfinished, policy.complete([prefix(policy.render(prompts[i]), p) for i, p in unfinished])):
         answers[i] = prefix("", path) + rest
     return answers
 
@@ -278,10 +286,12 @@ def rollout_evaluator(prompts: Sequence[str], policy: StepPolicy, reward: Callab
 
     `reward(question index, completion text)` grades a whole completion.
     """
+    heads = [policy.render(p) for p in prompts]
+
     def evaluate(owners: list[int], nodes: list[Node]) -> list[float]:
         values = [reward(i, completion(node.lines)) if node.terminal else None for i, node in zip(owners, nodes)]
         todo = [k for k, v in enumerate(values) if v is None]
-        rests = policy.complete([prefix(prompts[owners[k]], nodes[k].lines) for k in todo])
+        rests = policy.complete([prefix(heads[owners[k]], nodes[k].lines) for k in todo])
         for k, rest in zip(todo, rests):
             values[k] = reward(owners[k], prefix("", nodes[k].lines) + rest)
         return values

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from pipeline import answers, grading
 from pipeline.config import TaskConfig
@@ -153,14 +152,10 @@ def active() -> Task:
     return _override if _override is not None else _from_params()
 
 
-@lru_cache(maxsize=1)
 def _from_params() -> Task:
-    from pipeline.config import params_path, parse_section, read_params
+    from pipeline.config import active_section
 
-    path = params_path()
-    if not path.exists():
-        return COF
-    return Task.from_config(parse_section("task", TaskConfig, read_params(path).get("task"), path))
+    return Task.from_config(active_section("task"))
 
 
 def use(task: Task | None) -> None:

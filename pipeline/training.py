@@ -11,13 +11,16 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 
+from pipeline import chat
 from pipeline.config import TrainConfig
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:
-    """TRL's prompt-completion format: the loss falls on the completion only."""
+    """TRL's prompt-completion format (conversational with prompt.format chat): the loss falls on the completion
+    only."""
     return Dataset.from_dict(
-        {"prompt": [r["prompt"] for r in rows], "completion": [r[completion_key] for r in rows]}
+        {"prompt": [chat.prompt(r["prompt"]) for r in rows],
+         "completion": [chat.completion(r[completion_key]) for r in rows]}
     )
 
 
@@ -162,7 +165,7 @@ def logit_distill(
         dataloader_num_workers=0,
         **device_kwargs(),
     )
-    dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in rows]})
+    dataset = Dataset.from_dict({"prompt": [chat.prompt(r["prompt"]) for r in rows]})
     before = snapshot(model)
     trainer = DistillationTrainer(
         model=model, teacher_model=teacher, args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -208,7 +211,8 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
         dataloader_num_workers=0,
         **device_kwargs(),
     )
-    dataset = Dataset.from_dict({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
+    dataset = Dataset.from_dict({"prompt": [chat.prompt(p["prompt"]) for p in pairs],
+                                 **{k: [chat.completion(p[k]) for p in pairs] for k in ("chosen", "rejected")}})
     before = snapshot(model)
     trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                          callbacks=[dvclive_callback(live_dir)])

@@ -9,14 +9,16 @@ How well it does depends on the initial weights: with `base.drills.restarts`
 above 0, an init that reads fewer than `base.drills.gate` of held-out lookups
 is replaced by the next seed, at most that many times (the `research` profile
 retries twice; the quick default drills one init and logs a warning below the gate).
-When `base.model` names a Hugging Face model, that model as it is (no drills).
+When `base.model` names a Hugging Face model, that model as it is (no drills); with
+`prompt.format: chat` its tokenizer must carry a chat template (a built one gets one).
 Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 """
 
 from __future__ import annotations
 
 from pipeline import paths
-from pipeline.config import BaseModelConfig, SynthesizeConfig, TaskConfig, load_section
+from pipeline.chat import check_models
+from pipeline.config import BaseModelConfig, PromptConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
@@ -74,6 +76,7 @@ def main() -> None:
         cfg = load_section("base", BaseModelConfig)
         synth = load_section("synthesize", SynthesizeConfig)
         task_cfg = load_section("task", TaskConfig)
+        check_models(load_section("prompt", PromptConfig), base=cfg)  # a loaded model needs a template for chat
     run_stage("base", _flow, cfg, synth, task_cfg)
 
 

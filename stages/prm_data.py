@@ -111,8 +111,8 @@ def mc_rows(cfg: PRMDataConfig, sampler, rollout: StepPolicy, questions: list[di
     def reward(i: int, text: str) -> float:
         return float(is_correct(text, owners[i]["answer"], owners[i]["answer_type"]))
 
-    labels = monte_carlo_labels([q["prompt"] for q in owners], paths_, rollout.sample, reward, cfg.mc_rollouts,
-                                task.step_break)
+    heads = [rollout.render(q["prompt"]) for q in owners]  # the prompt as the policy reads it
+    labels = monte_carlo_labels(heads, paths_, rollout.sample, reward, cfg.mc_rollouts, task.step_break)
     return [{"id": q["id"], "prompt": q["prompt"], "steps": steps, "labels": ys, "source": "mc",
              "task_type": q.get("task_type")} for q, steps, ys in zip(owners, paths_, labels)]
 

@@ -3,7 +3,8 @@
 
 - GSM8K format, the file outside the repository (a DVC dependency by absolute path), a loaded
   student of another architecture than Qwen2 (a Llama saved here in Hugging Face format, with its
-  own tokenizer): every stage runs, the chart-only ones say they are skipped and write empty but
+  own tokenizer, chat template and EOS) read through its template (`prompt.format: chat` with a
+  system message; SFT, GRPO and DPO on TRL's conversational format): every stage runs, the chart-only ones say they are skipped and write empty but
   valid outputs, the metrics are written, a second repro runs nothing, and an edit of the dataset
   file makes the data stage and everything after it stale.
 - MATH format (`\\boxed{}` answers, paragraph steps, math-verify): the whole DAG runs too.
@@ -47,13 +48,23 @@ def write_jsonl(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+# Llama 3's layout: special header tokens, and an end-of-turn token that is the tokenizer's EOS
+LLAMA3_TEMPLATE = (
+    "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
 def save_llama(folder) -> None:
-    """A 1-layer Llama with a tokenizer trained on word problems, saved as any Hub model would be."""
+    """A 1-layer Llama with a tokenizer trained on word problems and its own chat template and EOS, saved as any
+    Hub model would be."""
     from pipeline.config import BaseModelConfig
     from pipeline.models import build_student, save_model, train_tokenizer
 
     corpus = [r["question"] + r["answer"] for r in generate(200, TRAIN_FRAMES, 5)]
     tokenizer = train_tokenizer(corpus, 320, "spaced")
+    tokenizer.add_special_tokens({"eos_token": "<|eot_id|>",
+                                  "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
+    tokenizer.chat_template = LLAMA3_TEMPLATE
     cfg = BaseModelConfig(architecture="llama", vocab_size=320, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                           max_position_embeddings=512)
@@ -78,7 +89,8 @@ def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefe
     save_llama(tmp_path / "llama")
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {data}, answer_extraction: gsm8k}}", "task.answer_format=gsm8k",
-        "task.grader=math_verify", "prm.sources=[mc, mcts]", f"base.model={tmp_path / 'llama'}"])
+        "task.grader=math_verify", "prm.sources=[mc, mcts]", f"base.model={tmp_path / 'llama'}",
+        "prompt={format: chat, system: Solve the problem step by step.}"])
     assert yaml.safe_load((repo / "params.yaml").read_text())["task"]["data_dependency"] == str(data)
 
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
@@ -91,6 +103,10 @@ def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefe
     assert metrics["by_split"]["test"] == 30 and metrics["by_split"]["ood"] == 0 and metrics["quarantined"] == 0
     assert json.loads((repo / "metrics/animate.json").read_text())["samples"] == 0
     assert json.loads((repo / "models/base/config.json").read_text())["model_type"] == "llama"
+    from pipeline.models import load_tokenizer
+
+    trained = load_tokenizer(repo / "models/sft")  # every stage keeps the loaded model's template and EOS
+    assert trained.chat_template == LLAMA3_TEMPLATE and trained.eos_token == "<|eot_id|>"
     for model in ("teacher", "sft", "sft_extended", "grpo", "dpo"):
         evaluated = json.loads((repo / f"metrics/evaluate/{model}.json").read_text())
         assert evaluated["questions"] == 30 and 0.0 <= evaluated["accuracy"] <= 1.0

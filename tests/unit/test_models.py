@@ -122,15 +122,10 @@ def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path,
     params = tmp_path / "params.yaml"
     params.write_text("model: {dtype: bfloat16, attn_implementation: eager}\n")
     monkeypatch.setenv("PIPELINE_PARAMS", str(params))
-    models._load_config.cache_clear()
-    try:
-        assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager"}
-        model, _ = load_model(tmp_path / "m", device="cpu")
-        assert next(model.parameters()).dtype == torch.bfloat16
-        assert model.config._attn_implementation == "eager"
-        assert next(load_model(tmp_path / "m", dtype=torch.float32, device="cpu")[0].parameters()).dtype == torch.float32
-    finally:
-        models._load_config.cache_clear()
+    assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager"}
+    model, _ = load_model(tmp_path / "m", device="cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.config._attn_implementation == "eager"
+    assert next(load_model(tmp_path / "m", dtype=torch.float32, device="cpu")[0].parameters()).dtype == torch.float32
     monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
     assert load_kwargs() == {"dtype": torch.float32}  # no params file: float32, transformers' attention
-    models._load_config.cache_clear()

@@ -24,6 +24,9 @@ class ScriptedPolicy:
     def __init__(self, tree: dict[tuple, list[str]], rest: str = "Answer: 0") -> None:
         self.tree, self.rest, self.tokens, self.calls = tree, rest, 0, []
 
+    def render(self, prompt):
+        return prompt  # raw prompts: StepPolicy.render with prompt.format raw
+
     def next_lines(self, prefixes, n):
         out = []
         for p in prefixes:

@@ -63,14 +63,12 @@ def test_non_text_completions_are_wrong_not_errors():
 
 def test_active_follows_use_and_falls_back_to_params(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
-    tasks._from_params.cache_clear()
     try:
         assert tasks.active() == COF  # no params file: the chart task
         tasks.use(GSM8K)
         assert tasks.active() == GSM8K
     finally:
         tasks.use(None)
-        tasks._from_params.cache_clear()
     assert tasks.active() == COF
 
 

@@ -1,0 +1,122 @@
+"""How a question reaches the model (`prompt` params): its own text, or the tokenizer's chat template.
+
+    from pipeline import chat
+    text = chat.render(tokenizer, row["prompt"])     # what the model reads before its completion
+    example = chat.example(row["prompt"], target)     # a TRL prompt-completion example in the same format
+
+With `format: raw` the question text is the model's input and the completion follows it (the
+default's tiny model). With `format: chat` the question is a user message, after `system` when it is
+set, rendered by `tokenizer.apply_chat_template(..., add_generation_prompt=True)`; TRL's trainers get
+conversational examples and render them with the same template, so what a model trains on and what it
+is sampled from agree. Every sampler, step search, PRM encoding and trainer calls this module, so the
+format is one switch.
+
+A model the DAG builds gets `pipeline.models.BUILT_TEMPLATE` when its tokenizer is trained: role headers in plain
+text (the vocabulary is the corpus's own; nothing is added to it) and the end-of-sequence token ending
+each assistant turn, so generation stops where a turn ends. A loaded model brings its own template;
+one without a template cannot take `format: chat` (`check_models`, at params validation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.config import BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section
+
+_override: PromptConfig | None = None
+
+
+def active() -> PromptConfig:
+    """The prompt format of this run: set by `use`, else params.yaml's `prompt` section, else raw."""
+    return _override if _override is not None else active_section("prompt")  # type: ignore[return-value]
+
+
+def use(cfg: PromptConfig | None) -> None:
+    """Make `cfg` the active format (None: back to params.yaml); tests call this."""
+    global _override
+    _override = cfg
+
+
+def is_chat() -> bool:
+    return active().format == "chat"
+
+
+def messages(prompt: str) -> list[dict]:
+    """The conversation that asks `prompt`: the system message when there is one, then the user's."""
+    system = active().system
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+
+def render(tokenizer, prompt: str) -> str:
+    """The text the model reads before its completion: `prompt` itself, or its conversation templated."""
+    if not is_chat():
+        return prompt
+    return render_messages(tokenizer, messages(prompt))
+
+
+def render_messages(tokenizer, conversation: Sequence[dict]) -> str:
+    """A conversation rendered by the tokenizer's template, ending where the assistant's answer starts."""
+    require_template(tokenizer)
+    return tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
+
+
+def question(prompt: str | Sequence[dict]) -> str:
+    """The question of a prompt in either format (a conversation's last user message)."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [m["content"] for m in prompt if m.get("role") == "user"]
+    if not users:
+        raise ValueError("a conversational prompt without a user message")
+    return users[-1]
+
+
+def prompt(text: str) -> str | list[dict]:
+    """A TRL dataset's `prompt` value: the text (raw) or its conversation (chat)."""
+    return messages(text) if is_chat() else text
+
+
+def completion(text: str) -> str | list[dict]:
+    """A TRL dataset's `completion` (or `chosen`, `rejected`) value: the text, or an assistant message."""
+    return [{"role": "assistant", "content": text}] if is_chat() else text
+
+
+def example(prompt_text: str, completion_text: str) -> dict:
+    """One TRL prompt-completion example in the active format."""
+    return {"prompt": prompt(prompt_text), "completion": completion(completion_text)}
+
+
+def has_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def require_template(tokenizer, source: object = None) -> None:
+    if not has_template(tokenizer):
+        where = f"{source}: " if source is not None else ""
+        raise ConfigError(f"{where}the tokenizer has no chat template; prompt.format chat needs one (use format raw, "
+                          "or a model whose tokenizer_config.json carries a chat_template)")
+
+
+def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, teacher: TeacherConfig | None = None,
+                 path: Path | str = "params.yaml") -> None:
+    """With `format: chat`, every model the params load must carry a chat template (the built ones get one),
+    and an OpenAI-compatible teacher must be called on its chat route, where the server applies it."""
+    if prompt_cfg.format != "chat":
+        return
+    if teacher is not None and teacher.backend == "openai" and teacher.api != "chat":
+        raise ConfigError(f"{path}: teacher.api: prompt.format chat sends conversations; set teacher.api: chat "
+                          "(the server applies its model's template)")
+    from pipeline.models import load_tokenizer
+
+    loaded = [("base.model", base.model if base is not None else None),
+              ("teacher.model", teacher.model if teacher is not None and teacher.backend == "transformers" else None)]
+    for key, source in loaded:
+        if not source:
+            continue
+        try:
+            tokenizer = load_tokenizer(source)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: {key}: cannot load the tokenizer of {source!r}: {exc}") from None
+        if not has_template(tokenizer):
+            raise ConfigError(f"{path}: {key}: {source!r} has no chat template; prompt.format chat needs one (set "
+                              "prompt.format: raw, or give the tokenizer a chat_template)")
