@@ -1,4 +1,4 @@
-# make run [PROFILE=name] | make test | make smoke | make bench | make server | make remote
+# make run [PROFILE=name] | make test | make smoke | make bench | make server | make worker | make remote
 # Each target builds .venv from scratch when it is missing or pyproject.toml changed.
 # PROFILE (profiles/<name>.yaml, or `default`) rewrites params.yaml before the run; unset, params.yaml runs as it is.
 PYTHON ?= python3
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Stage commands in dvc.yaml say `python -m stages.<name>`: the venv's python must come first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test smoke bench server remote clean
+.PHONY: install run test smoke bench server worker remote clean
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ bench: $(STAMP)
 
 server: $(STAMP)
 	$(BIN)/prefect server start --host 127.0.0.1
+
+# A worker for prefect.yaml's scheduled deployment; its work pool (process type) is made when missing.
+# Needs PREFECT_API_URL (e.g. http://127.0.0.1:4200/api beside `make server`); then `prefect --no-prompt deploy --all`.
+worker: $(STAMP)
+	$(BIN)/python -m pipeline worker
 
 # The default DVC remote of .dvc/config: a folder beside the repository (its url is relative to .dvc/).
 remote: $(STAMP)

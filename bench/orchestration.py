@@ -73,6 +73,14 @@ def main() -> None:
     python = timed(bare, ROOT, args.repeats)
     print(f"per-stage overhead: empty-flow stage process {stage:.2f} s vs bare python {python:.2f} s, "
           f"ratio {stage / python:.1f} (Prefect costs {stage - python:.2f} s a stage)")
+    # Outside `python -m pipeline repro` (plain dvc repro, dvc exp run, the queue): no PREFECT_API_URL.
+    with tempfile.TemporaryDirectory() as home:
+        env = {k: v for k, v in ENV.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": home}
+        shared = timed(noop_stage, ROOT, args.repeats, env)  # the warm-up run starts the shared server
+        temporary = timed(noop_stage, ROOT, 1, env | {"PIPELINE_SHARED_SERVER": "0"})
+        subprocess.run([sys.executable, "-m", "pipeline", "server", "--stop"], cwd=ROOT, env=env, capture_output=True)
+    print(f"a stage outside the orchestrator: shared background server {shared:.2f} s vs a temporary server per "
+          f"process {temporary:.2f} s, ratio {temporary / shared:.1f} (Prefect costs {shared - python:.2f} s a stage)")
     work = {}
     for name, key in (("synthesize", None), ("sft", "train_seconds")):
         path = ROOT / "metrics" / f"{name}.json"

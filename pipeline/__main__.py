@@ -1,9 +1,12 @@
-"""python -m pipeline {repro,params,serve,report,status}
+"""python -m pipeline {repro,params,serve,worker,server,report,status}
 
   repro   run the DAG (`dvc repro`) as a Prefect flow with one shared API server;
           --profile NAME / -S key=value / --seed N first rewrite params.yaml
   params  print (or --write) the params a profile and overrides resolve to; --list the profiles
-  serve   deploy the repro flow on a cron schedule (needs a running server: make server)
+  serve   serve prefect.yaml's scheduled deployment from this process (needs a server: make server)
+  worker  make prefect.yaml's work pool if missing and run a worker on it (make worker)
+  server  the URL of the shared background Prefect server that stages outside `repro` use
+          (started if none runs); --stop stops it
   report  this version's metrics, their diff against a git revision and paired-bootstrap accuracy changes
   status  which stages are stale (`dvc status`)
 """
@@ -47,15 +50,28 @@ def _repro(args: argparse.Namespace) -> int:
     with expected_errors():
         from pipeline.config import validate_all
 
+        from pipeline.compare import parse_gate
+        from pipeline.config import ConfigError
+
+        for spec in args.gate:
+            try:
+                parse_gate(spec)
+            except ValueError as exc:
+                raise ConfigError(f"--gate {exc}") from None
         _write_params(args)
         validate_all()  # fail on bad params before a server starts
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
         os.environ["PREFECT_API_URL"] = api_url
-        from pipeline.orchestrate import repro_flow
+        from pipeline.orchestrate import GATE_STOPPED, repro_flow
 
         with expected_errors():
-            repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push)
+            state = repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push,
+                               gate=args.gate, record=args.record, return_state=True)
+            if state.is_failed() and (state.message or "").startswith(GATE_STOPPED):
+                print(f"error: {state.message}", file=sys.stderr)
+                return 1
+            state.result()  # any other failure raises here, as the flow raised it
     return 0
 
 
@@ -77,19 +93,33 @@ def _params(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _schedule(args: argparse.Namespace) -> int:
+    """`serve` and `worker`: both need a server and read prefect.yaml's deployment (a bad one: exit 2)."""
     if not os.environ.get("PREFECT_API_URL"):
         print("error: PREFECT_API_URL is not set; start a server first (make server)", file=sys.stderr)
         return 2
-    from pipeline.orchestrate import repro_flow
+    from pipeline import schedule
+    from pipeline.flows import expected_errors
 
-    repro_flow.serve(name=args.name, cron=args.cron, parameters={"pull": args.pull, "push": args.push})
+    with expected_errors():
+        schedule.load(args.name)
+    if args.command == "serve":
+        schedule.serve(args.name)
+        return 0
+    schedule.worker(args.name, args.type)  # becomes the worker process; returns only if it cannot start
+    return 1
+
+
+def _server(args: argparse.Namespace) -> int:
+    from pipeline.flows import shared_server, stop_shared_server
+
+    print(stop_shared_server() if args.stop else shared_server())
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.compare import bootstrap_markdown, compare_models, gate, parse_gate
+    from pipeline.compare import bootstrap_markdown, compare_models, gate, parse_gate, resolve_rev
     from pipeline.report import (STUDENTS, decoding_markdown, generalisation_markdown, load_evaluations,
                                  results_markdown)
 
@@ -111,11 +141,12 @@ def _report(args: argparse.Namespace) -> int:
     if len(revs) > 2:
         print(f"error: --rev: at most two revisions (got {len(revs)})", file=sys.stderr)
         return 2
+    revs = [resolve_rev(rev) for rev in revs]  # experiment names too
     before, after = revs[0], revs[1] if len(revs) == 2 else None
     try:
         gates = [parse_gate(spec) for spec in args.fail_on_regression]
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: --fail-on-regression {exc}", file=sys.stderr)
         return 2
     print(diff_markdown(before, after))
     print()
@@ -141,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     repro.add_argument("--force", action="store_true", help="re-run stages even when nothing changed")
     repro.add_argument("--pull", action="store_true", help="dvc pull before reproducing")
     repro.add_argument("--push", action="store_true", help="dvc push after reproducing")
+    repro.add_argument("--gate", action="append", default=[], metavar="MODEL[:MARGIN]",
+                       help="compare with git HEAD after reproducing and fail (recording and pushing nothing) when "
+                       "MODEL's greedy test accuracy surely fell by more than MARGIN; repeatable")
+    repro.add_argument("--record", action="store_true",
+                       help="commit the new version (dvc.lock, params.yaml, metrics/) when the gate passes")
     params = sub.add_parser("params", help="print or write the params a profile resolves to")
     params.add_argument("--list", action="store_true", help="list the profiles")
     params.add_argument("--write", action="store_true", help="write params.yaml instead of printing")
@@ -150,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one key (the value read as YAML), on top of the profile; repeatable")
         p.add_argument("--seed", type=int, help="every `seed` key to N (and prm_data.question_seed to N + 1)")
-    serve = sub.add_parser("serve", help="deploy the repro flow on a schedule")
-    serve.add_argument("--cron", default="0 3 * * *", help="cron schedule (default: daily at 03:00)")
-    serve.add_argument("--name", default="scheduled-repro", help="deployment name")
-    serve.add_argument("--pull", action="store_true")
-    serve.add_argument("--push", action="store_true")
+    serve = sub.add_parser("serve", help="serve prefect.yaml's deployment (its schedule and parameters)")
+    worker = sub.add_parser("worker", help="make prefect.yaml's work pool if missing and run a worker on it")
+    for p in (serve, worker):
+        p.add_argument("--name", help="the deployment of prefect.yaml (default: its first)")
+    worker.add_argument("--type", default="process", help="work pool type when it is created (default: process)")
+    server = sub.add_parser("server", help="the shared background Prefect server's URL (started if needed)")
+    server.add_argument("--stop", action="store_true", help="stop it instead")
     report = sub.add_parser("report", help="metrics and their diff against a revision")
     report.add_argument("--rev", action="append", help="a git revision or experiment to compare: once, against the "
                         "workspace; twice, the first against the second (default: HEAD against the workspace)")
@@ -165,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the results table of the README (this run beside docs/results/)")
     sub.add_parser("status", help="dvc status")
     args = parser.parse_args(argv)
-    return {"repro": _repro, "params": _params, "serve": _serve, "report": _report,
+    return {"repro": _repro, "params": _params, "serve": _schedule, "worker": _schedule, "server": _server, "report": _report,
             "status": _status}[args.command](args)
 
 

@@ -73,6 +73,22 @@ def regressed(result: dict, margin: float = 0.0) -> bool:
     return result["ci_high"] < -margin
 
 
+def resolve_rev(rev: str) -> str:
+    """A git revision as it is; the name of a DVC experiment (`dvc exp show`) as its full ref, which git and DVC
+    both read. An unknown name comes back unchanged (DVC then says it is unknown)."""
+    import subprocess
+
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], capture_output=True,
+                      check=False).returncode == 0:
+        return rev
+    from dvc.repo import Repo
+    from dvc.repo.experiments.utils import resolve_name
+
+    with Repo() as repo:
+        found = resolve_name(repo.scm, rev).get(rev)
+    return str(found) if found is not None else rev
+
+
 def read_predictions(path: str, rev: str | None = None, split: str = "test") -> list[dict]:
     """The rows of one predictions.parquet of `split`: in the workspace, or at git revision `rev` through DVC
     (its cache, or its remote when the cache lacks it)."""
@@ -142,7 +158,7 @@ def parse_gate(spec: str) -> tuple[str, float]:
     except ValueError:
         value = -1.0
     if not model or not 0 <= value < 1:
-        raise ValueError(f"--fail-on-regression {spec!r}: expected MODEL[:MARGIN], e.g. grpo:0.01 (a margin in [0, 1))")
+        raise ValueError(f"{spec!r}: expected MODEL[:MARGIN], e.g. grpo:0.01 (a margin in [0, 1))")
     return model, value
 
 

@@ -1,10 +1,14 @@
 """Prefect plumbing: run a stage as a flow, share one API server, publish artifacts.
 
 Every `python -m stages.<name>` runs its work inside a Prefect flow named after
-the stage. Without `PREFECT_API_URL` Prefect starts a temporary server per
-process (its cost: BENCHMARKS.md, "Orchestration"); `python -m pipeline repro`
-starts one server and hands its URL to every stage process through the
-environment.
+the stage. `python -m pipeline repro` starts one server and hands its URL to
+every stage process through the environment (`PREFECT_API_URL`). A stage run
+without one (plain `dvc repro`, `dvc exp run`, the experiment queue) uses this
+machine's shared background server, found through `$PREFECT_HOME/pipeline-server.json`
+or started there by the first stage that needs it (it keeps running, so the
+next stages pay no start-up; `python -m pipeline server --stop` stops it).
+`PIPELINE_SHARED_SERVER=0` restores Prefect's own temporary server per process
+(its cost: BENCHMARKS.md, "Orchestration").
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ def expected_errors() -> Iterator[None]:
 
 def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message."""
+    if not os.environ.get("PREFECT_API_URL") and os.environ.get(SHARED_SERVER_SWITCH, "1") != "0":
+        if "prefect" in sys.modules:
+            raise RuntimeError("run_stage: Prefect was imported before the shared server's URL was set")
+        os.environ["PREFECT_API_URL"] = shared_server()
     from prefect import flow  # imported here: params are validated before Prefect loads
 
     stage_flow = flow(name=name, persist_result=False, validate_parameters=False)(body)
@@ -144,6 +152,69 @@ def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+SHARED_SERVER_SWITCH = "PIPELINE_SHARED_SERVER"
+SHARED_SERVER_FILE = "pipeline-server.json"  # in PREFECT_HOME: {"url", "pid"} of the shared server
+
+
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
+
+
+def shared_server(timeout: float = 120.0) -> str:
+    """The API URL of this machine's shared background Prefect server, started (detached) if none answers.
+
+    A lock file serialises the check and the start, so stages started at once (the experiment queue's
+    workers) share one server. Its database is PREFECT_HOME's, so its runs stay browsable.
+    """
+    import fcntl
+
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    state = home / SHARED_SERVER_FILE
+    with open(home / "pipeline-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if state.exists():
+            try:
+                url = json.loads(state.read_text())["url"]
+            except (ValueError, KeyError):
+                url = None
+            if url and _healthy(url):
+                return url
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}/api"
+        env = {**os.environ, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        with open(home / "pipeline-server.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the shared Prefect server did not start; see {home / 'pipeline-server.log'}")
+            time.sleep(0.3)
+        state.write_text(json.dumps({"url": url, "pid": proc.pid}))
+        return url
+
+
+def stop_shared_server() -> str:
+    """Stop the shared background server, if one runs; what was done, in words."""
+    import signal
+
+    state = prefect_home() / SHARED_SERVER_FILE
+    if not state.exists():
+        return "no shared Prefect server recorded"
+    try:
+        info = json.loads(state.read_text())
+        os.killpg(int(info["pid"]), signal.SIGTERM)  # its own session: the server and its workers
+        stopped = f"stopped the shared Prefect server at {info['url']} (PID {info['pid']})"
+    except (ValueError, KeyError, ProcessLookupError, PermissionError):
+        stopped = "the shared Prefect server was not running"
+    state.unlink(missing_ok=True)
+    return stopped
 
 
 def drain_prefect(timeout: float = 10.0) -> None:

@@ -1,8 +1,10 @@
-"""The orchestrator flow: `dvc repro` under one Prefect flow, then the metrics as artifacts.
+"""The orchestrator flow: one pipeline version under one Prefect flow, then its metrics as artifacts.
 
-DVC decides what is stale; this flow only runs it, shares one Prefect API server
-with every stage process (through `PREFECT_API_URL` in their environment), and
-publishes this version's metrics and their diff against git HEAD.
+DVC decides what is stale; this flow runs it (its tasks: pull, repro, compare and gate, record,
+push), shares one Prefect API server with every stage process (through `PREFECT_API_URL` in their
+environment), and publishes this version's metrics, their diff against git HEAD and the paired
+bootstrap of every model's accuracy against it. Scheduled runs call it with prefect.yaml's
+parameters (`pipeline.schedule`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
 
 from pipeline import paths
 from pipeline.config import validate_all
@@ -98,20 +102,97 @@ def models_markdown(root: Path = paths.METRICS) -> str:
     return "\n".join(lines)
 
 
-@flow(name="repro", persist_result=False)
-def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool = False, push: bool = False) -> dict:
-    """Run `dvc repro` (optionally pull first / push after) and publish the metrics."""
-    log = stage_logger()
-    validate_all()  # every section, before DVC starts anything
-    if pull and dvc("pull").returncode != 0:
-        raise RuntimeError("dvc pull failed")
+@task(retries=2, retry_delay_seconds=10, persist_result=False, cache_policy=NO_CACHE)
+def dvc_transfer(command: str) -> None:
+    """`dvc pull` or `dvc push`: safe to repeat, so retried (a remote's hiccup is not a failed run)."""
+    if dvc(command).returncode != 0:
+        raise RuntimeError(f"dvc {command} failed")
+
+
+@task(persist_result=False, cache_policy=NO_CACHE)
+def reproduce(targets: list[str] | None, force: bool) -> float:
+    """`dvc repro`: what is stale runs, each stage as its own flow. Not retried: a failure is a finding."""
     start = time.perf_counter()
     proc = dvc("repro", *(["--force"] if force else []), *(targets or []))
     if proc.returncode != 0:
         raise RuntimeError(f"dvc repro failed with exit code {proc.returncode}")
-    log.info("dvc repro finished in %.1f s", time.perf_counter() - start)
-    if push and dvc("push").returncode != 0:
-        raise RuntimeError("dvc push failed")
+    return time.perf_counter() - start
+
+
+@task(persist_result=False, cache_policy=NO_CACHE)
+def compare_with_previous(gate_specs: list[str], previous: str = "HEAD") -> list[str]:
+    """This version's accuracies against `previous` (paired bootstrap per model), published as an artifact;
+    the reasons the gate stops this version ([] when it passes or there is no gate)."""
+    from pipeline.compare import bootstrap_markdown, compare_models, gate
+    from pipeline.report import STUDENTS
+
+    models = ["teacher", *STUDENTS]
+    results = compare_models(previous, models)
+    failures = gate(results, gate_specs) if gate_specs else []
+    verdict = (["", "**The gate stopped this version** (nothing recorded or pushed):", *(f"- {f}" for f in failures)]
+               if failures else ["", f"Gate: {', '.join(gate_specs)} passed."] if gate_specs else [])
+    publish_markdown("pipeline-comparison", "\n".join([bootstrap_markdown(previous, models, results=results),
+                                                        *verdict]),
+                     f"Greedy test accuracy against {previous}: paired bootstrap per model, and the gate")
+    return failures
+
+
+@task(persist_result=False, cache_policy=NO_CACHE)
+def record_version(message: str) -> str | None:
+    """Commit this version (dvc.lock, params.yaml, metrics/) on the current branch; its hash, or None when
+    nothing changed. The outputs themselves are in the DVC cache (and the remote after a push)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], text=True, capture_output=True, check=False)
+
+    tracked = [p for p in ("dvc.lock", "params.yaml", str(paths.METRICS)) if Path(p).exists()]
+    if (add := git("add", "--", *tracked)).returncode != 0:
+        raise RuntimeError(f"git add failed: {add.stderr.strip()}")
+    if git("diff", "--cached", "--quiet").returncode == 0:
+        return None
+    if (commit := git("commit", "-q", "-m", message)).returncode != 0:
+        raise RuntimeError(f"git commit failed: {commit.stderr.strip()}")
+    return git("rev-parse", "HEAD").stdout.strip()
+
+
+# How the flow's Failed state begins when the gate stopped a version (a verdict, not a crash: no traceback).
+GATE_STOPPED = "the gate stopped this version; nothing recorded or pushed: "
+
+
+@flow(name="repro", persist_result=False)
+def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool = False, push: bool = False,
+               profile: str | None = None, sets: list[str] | None = None, gate: list[str] | None = None,
+               record: bool = False) -> dict | State:
+    """One pipeline version: pull, re-run what is stale, compare with git HEAD and gate, record, push.
+
+    `profile` and `sets` rewrite params.yaml first (as `python -m pipeline repro --profile P -S k=v`);
+    `gate` holds `MODEL[:MARGIN]` specs (`python -m pipeline report --fail-on-regression`): a version
+    that fails one is neither recorded nor pushed, and the run ends Failed saying why (`GATE_STOPPED`). `record` commits the
+    version (dvc.lock, params.yaml, metrics/). Scheduled runs take these from prefect.yaml.
+    """
+    log = stage_logger()
+    if not Path("dvc.yaml").exists():  # a deployment's working directory that is not this repository
+        raise RuntimeError(f"{Path.cwd()}: no dvc.yaml here; run the flow from the repository's root")
+    if profile is not None or sets:
+        from pipeline import profiles
+
+        chosen = profile or profiles.header_of(Path("params.yaml").read_text())[0] or profiles.DEFAULT
+        if profiles.write(chosen, profiles.compact(list(sets or []))):
+            log.info("params.yaml: profile %s %s", chosen, " ".join(sets or []))
+    validate_all()  # every section, before DVC starts anything
+    if pull:
+        dvc_transfer("pull")
+    seconds = reproduce(targets, force)
+    log.info("dvc repro finished in %.1f s", seconds)
+    failures = compare_with_previous(list(gate or []))
+    if failures:
+        log.error("%s%s", GATE_STOPPED, "; ".join(failures))
+        return Failed(message=GATE_STOPPED + "; ".join(failures))
+    if record:
+        commit = record_version(f"Pipeline version of {time.strftime('%Y-%m-%d %H:%M')} (repro flow"
+                                f"{', profile ' + profile if profile else ''})")
+        log.info("version recorded: %s", commit or "nothing changed, no commit")
+    if push:
+        dvc_transfer("push")
     rows = metrics_rows()
     if rows:
         publish_table("pipeline-metrics", rows, "Metrics of this pipeline version (metrics/*.json)")

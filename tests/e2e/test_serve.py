@@ -1,4 +1,5 @@
-"""`python -m pipeline serve` registers the repro flow as a scheduled deployment on the real server."""
+"""`python -m pipeline serve` registers prefect.yaml's deployment, with its schedule and parameters, on the real
+server."""
 
 from __future__ import annotations
 
@@ -13,20 +14,25 @@ from tests.conftest import ROOT, api_post, venv_env
 pytestmark = pytest.mark.e2e
 
 
-def test_serve_registers_a_cron_deployment(prefect_api):
+def test_serve_registers_the_deployment_of_prefect_yaml(prefect_api):
+    from pipeline.schedule import DEPLOYMENT_FILE, load
+
+    shipped = load(path=ROOT / DEPLOYMENT_FILE)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "serve", "--cron", "15 4 * * *", "--name", "nightly-test"],
+        [sys.executable, "-m", "pipeline", "serve"],
         cwd=ROOT, env=venv_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            found = [d for d in api_post(prefect_api, "deployments/filter", {}) if d["name"] == "nightly-test"]
+            found = [d for d in api_post(prefect_api, "deployments/filter", {}) if d["name"] == shipped.name]
             if found:
                 break
             time.sleep(0.5)
         assert found, "no deployment registered within 60 s"
-        assert [s["schedule"]["cron"] for s in found[0]["schedules"]] == ["15 4 * * *"]
+        assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in found[0]["schedules"]] == [
+            (shipped.cron, shipped.timezone)]
+        assert found[0]["parameters"] == shipped.parameters
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -1,0 +1,43 @@
+"""Stages run outside `python -m pipeline repro` (plain `dvc repro`, `dvc exp run`, the queue) share one
+background Prefect server instead of starting a temporary one each; `python -m pipeline server --stop`
+stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tests.conftest import ROOT, api_post, venv_env
+
+PROBE = "from pipeline.flows import run_stage; run_stage('probe', lambda: print('probe ran'))"
+
+
+def test_stage_processes_without_an_api_url_share_one_background_server(tmp_path):
+    env = venv_env(PREFECT_HOME=str(tmp_path / "home"))
+    env.pop("PREFECT_API_URL", None)
+    state = tmp_path / "home" / "pipeline-server.json"
+    pids = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0 and "probe ran" in proc.stdout, proc.stderr[-2000:]
+        pids.append(json.loads(state.read_text())["pid"])
+    assert pids[0] == pids[1]  # the second stage found the first one's server
+    url = json.loads(state.read_text())["url"]
+    runs = api_post(url, "flow_runs/filter", {})
+    assert [r["state_type"] for r in runs] == ["COMPLETED", "COMPLETED"]
+    stop = subprocess.run([sys.executable, "-m", "pipeline", "server", "--stop"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0 and f"(PID {pids[0]})" in stop.stdout and not state.exists()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pids[0], 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the shared server still runs after --stop")
