@@ -14,8 +14,10 @@ next stages pay no start-up; `python -m pipeline server --stop` stops it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -60,12 +62,43 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
         os.environ["PREFECT_API_URL"] = shared_server()
     from prefect import flow  # imported here: params are validated before Prefect loads
 
-    stage_flow = flow(name=name, persist_result=False, validate_parameters=False)(body)
+    def body_then_metrics(*inner: Any) -> Any:
+        out = body(*inner)
+        publish_stage_metrics(os.environ.get("DVC_STAGE", name))
+        return out
+
+    functools.update_wrapper(body_then_metrics, body)
+    stage_flow = flow(name=name, persist_result=False, validate_parameters=False)(body_then_metrics)
     with expected_errors():
         result = stage_flow(*args)
     if os.environ.get(IMPORT_LOG):
         log_imports(os.environ[IMPORT_LOG], os.environ.get("DVC_STAGE", name))
     return result
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, float]:
+    """Nested metrics to dotted keys with numeric leaves."""
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def publish_stage_metrics(stage: str) -> None:
+    """The stage's own metrics file as a table artifact of its flow run (`evaluate@sft`: metrics/evaluate/sft.json)."""
+    from pipeline import paths
+
+    base, _, item = stage.partition("@")
+    file = paths.METRICS / base / f"{item}.json" if item else paths.metrics_file(base)
+    if not file.exists():
+        return
+    rows = [{"metric": k, "value": v} for k, v in flatten(json.loads(file.read_text())).items()]
+    key = re.sub(r"[^a-z0-9-]+", "-", f"{stage}-metrics".lower())
+    publish_table(key, rows, f"Metrics of stage {stage} ({file})")
 
 
 def log_imports(target: str, stage: str) -> None:

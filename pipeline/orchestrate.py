@@ -22,7 +22,7 @@ from prefect.states import Failed, State
 
 from pipeline import paths
 from pipeline.config import validate_all
-from pipeline.flows import publish_markdown, publish_table, stage_logger
+from pipeline.flows import flatten, publish_markdown, publish_table, stage_logger
 from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
 
 
@@ -32,18 +32,6 @@ def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dvc", *args], env=env, text=True, capture_output=capture, check=False
     )
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, float]:
-    """Nested metrics to dotted keys with numeric leaves."""
-    out: dict[str, float] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = value
-    return out
 
 
 def metrics_rows(root: Path = paths.METRICS) -> list[dict]:

@@ -1,6 +1,6 @@
 """Stages run outside `python -m pipeline repro` (plain `dvc repro`, `dvc exp run`, the queue) share one
 background Prefect server instead of starting a temporary one each; `python -m pipeline server --stop`
-stops it."""
+stops it. Each stage publishes its metrics file as an artifact of its flow run."""
 
 from __future__ import annotations
 
@@ -12,16 +12,24 @@ import time
 
 from tests.conftest import ROOT, api_post, venv_env
 
-PROBE = "from pipeline.flows import run_stage; run_stage('probe', lambda: print('probe ran'))"
+PROBE = """
+import json, pathlib
+from pipeline.flows import run_stage
+def body():
+    pathlib.Path("metrics").mkdir(exist_ok=True)
+    pathlib.Path("metrics/probe.json").write_text(json.dumps({"accuracy": 0.5, "by": {"a": 1}}))
+    print("probe ran")
+run_stage("probe", body)
+"""
 
 
 def test_stage_processes_without_an_api_url_share_one_background_server(tmp_path):
-    env = venv_env(PREFECT_HOME=str(tmp_path / "home"))
+    env = venv_env(PREFECT_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
     env.pop("PREFECT_API_URL", None)
     state = tmp_path / "home" / "pipeline-server.json"
     pids = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=180)
         assert proc.returncode == 0 and "probe ran" in proc.stdout, proc.stderr[-2000:]
         pids.append(json.loads(state.read_text())["pid"])
@@ -29,6 +37,11 @@ def test_stage_processes_without_an_api_url_share_one_background_server(tmp_path
     url = json.loads(state.read_text())["url"]
     runs = api_post(url, "flow_runs/filter", {})
     assert [r["state_type"] for r in runs] == ["COMPLETED", "COMPLETED"]
+    # each stage publishes its own metrics file as a table artifact of its flow run
+    artifacts = [a for a in api_post(url, "artifacts/filter", {}) if a["key"] == "probe-metrics"]
+    assert len(artifacts) == 2 and {r["id"] for r in runs} == {a["flow_run_id"] for a in artifacts}
+    data = artifacts[0]["data"]
+    assert {"metric": "by.a", "value": 1} in (json.loads(data) if isinstance(data, str) else data)
     stop = subprocess.run([sys.executable, "-m", "pipeline", "server", "--stop"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert stop.returncode == 0 and f"(PID {pids[0]})" in stop.stdout and not state.exists()
