@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first and pinned: the CPU wheel on disk, never a CUDA build
+	# torch first and pinned here (pyproject.toml takes a range): the CPU wheel on disk, never a CUDA build
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
