@@ -7,6 +7,8 @@ which then is neither recorded nor counted as a success."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,7 +83,11 @@ def test_the_shipped_deployment_runs_on_a_process_worker(tmp_path, prefect_api):
         print(f"triggered run: {took:.1f} s from the request to a completed state")
     finally:
         worker.terminate()
-        worker.wait(timeout=30)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a worker still shutting down: its whole session goes
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
 
 
 def test_a_gate_that_cannot_pass_stops_the_version(tmp_path, prefect_api):
