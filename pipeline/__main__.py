@@ -48,10 +48,8 @@ def _repro(args: argparse.Namespace) -> int:
     from pipeline.flows import expected_errors, prefect_server
 
     with expected_errors():
-        from pipeline.config import validate_all
-
         from pipeline.compare import parse_gate
-        from pipeline.config import ConfigError
+        from pipeline.config import ConfigError, validate_all
 
         for spec in args.gate:
             try:
@@ -102,11 +100,11 @@ def _schedule(args: argparse.Namespace) -> int:
     from pipeline.flows import expected_errors
 
     with expected_errors():
-        schedule.load(args.name)
+        deployment = schedule.load(args.name)
     if args.command == "serve":
-        schedule.serve(args.name)
+        schedule.serve(deployment)
         return 0
-    schedule.worker(args.name, args.type)  # becomes the worker process; returns only if it cannot start
+    schedule.worker(deployment, args.type)  # becomes the worker process; returns only if it cannot start
     return 1
 
 
@@ -203,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the results table of the README (this run beside docs/results/)")
     sub.add_parser("status", help="dvc status")
     args = parser.parse_args(argv)
-    return {"repro": _repro, "params": _params, "serve": _schedule, "worker": _schedule, "server": _server, "report": _report,
-            "status": _status}[args.command](args)
+    return {"repro": _repro, "params": _params, "serve": _schedule, "worker": _schedule, "server": _server,
+            "report": _report, "status": _status}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -92,8 +92,8 @@ def publish_stage_metrics(stage: str) -> None:
     """The stage's own metrics file as a table artifact of its flow run (`evaluate@sft`: metrics/evaluate/sft.json)."""
     from pipeline import paths
 
-    base, _, item = stage.partition("@")
-    file = paths.METRICS / base / f"{item}.json" if item else paths.metrics_file(base)
+    base, _, model = stage.partition("@")  # foreach stages: evaluate@<model>
+    file = paths.eval_metrics_file(model) if model else paths.metrics_file(base)
     if not file.exists():
         return
     rows = [{"metric": k, "value": v} for k, v in flatten(json.loads(file.read_text())).items()]
@@ -148,6 +148,34 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
+def prefect_home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
+
+
+def _start_server(log_path: Path, timeout: float, home: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A Prefect API server on a free loopback port, in its own session, logging to `log_path`; returned once
+    healthy (killed, and an error naming the log, when it exits or is not healthy within `timeout` s)."""
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    if home is not None:
+        env["PREFECT_HOME"] = str(home)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not _healthy(api_url):
+        if proc.poll() is not None:
+            raise RuntimeError(f"Prefect server exited with code {proc.returncode}; see {log_path}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"Prefect server not healthy after {timeout:.0f} s; see {log_path}")
+        time.sleep(0.3)
+    return proc, api_url
+
+
 @contextlib.contextmanager
 def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator[str]:
     """Yield an API URL: `PREFECT_API_URL` when set, else a server started here and stopped after.
@@ -158,24 +186,10 @@ def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    port = _free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    if home is not None:
-        env["PREFECT_HOME"] = str(home)
-    prefect_home = Path(env.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
-    prefect_home.mkdir(parents=True, exist_ok=True)
-    log = open(prefect_home / "server.log", "ab")
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log_dir = home if home is not None else prefect_home()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    proc, api_url = _start_server(log_dir / "server.log", timeout, home)
     try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(api_url):
-            if proc.poll() is not None:
-                raise RuntimeError(f"Prefect server exited with code {proc.returncode}; see {log.name}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Prefect server not healthy after {timeout:.0f} s; see {log.name}")
-            time.sleep(0.3)
         yield api_url
     finally:
         drain_prefect()
@@ -184,15 +198,10 @@ def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
 
 
 SHARED_SERVER_SWITCH = "PIPELINE_SHARED_SERVER"
 SHARED_SERVER_FILE = "pipeline-server.json"  # in PREFECT_HOME: {"url", "pid"} of the shared server
-
-
-def prefect_home() -> Path:
-    return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
 
 
 def shared_server(timeout: float = 120.0) -> str:
@@ -215,20 +224,7 @@ def shared_server(timeout: float = 120.0) -> str:
                 url = None
             if url and _healthy(url):
                 return url
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}/api"
-        env = {**os.environ, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        env.pop("PREFECT_API_URL", None)
-        with open(home / "pipeline-server.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"the shared Prefect server did not start; see {home / 'pipeline-server.log'}")
-            time.sleep(0.3)
+        proc, url = _start_server(home / "pipeline-server.log", timeout)  # left running for the next stages
         state.write_text(json.dumps({"url": url, "pid": proc.pid}))
         return url
 

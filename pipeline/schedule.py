@@ -24,12 +24,12 @@ import yaml
 from pipeline.config import ConfigError
 
 DEPLOYMENT_FILE = Path("prefect.yaml")
+FLOW = "repro"  # pipeline.orchestrate.repro_flow's name: `prefect deployment run repro/<deployment>`
 
 
 @dataclass(frozen=True)
 class Deployment:
     name: str
-    flow: str  # the flow's name, for `prefect deployment run FLOW/NAME`
     cron: str
     timezone: str
     pool: str
@@ -37,7 +37,7 @@ class Deployment:
 
     @property
     def full_name(self) -> str:
-        return f"{self.flow}/{self.name}"
+        return f"{FLOW}/{self.name}"
 
 
 def load(name: str | None = None, path: Path = DEPLOYMENT_FILE) -> Deployment:
@@ -58,17 +58,16 @@ def load(name: str | None = None, path: Path = DEPLOYMENT_FILE) -> Deployment:
     pool = (d.get("work_pool") or {}).get("name")
     if not pool:
         raise ConfigError(f"{path}: deployments.{d.get('name')}.work_pool.name: missing")
-    return Deployment(name=d["name"], flow="repro", cron=schedules[0]["cron"],
+    return Deployment(name=d["name"], cron=schedules[0]["cron"],
                       timezone=schedules[0].get("timezone", "UTC"), pool=pool, parameters=d.get("parameters") or {})
 
 
-def serve(name: str | None = None) -> None:
+def serve(d: Deployment) -> None:
     """Serve the deployment from this process: its schedule and parameters as prefect.yaml declares them."""
     from prefect.schedules import Cron
 
     from pipeline.orchestrate import repro_flow
 
-    d = load(name)
     repro_flow.serve(name=d.name, schedules=[Cron(d.cron, timezone=d.timezone)], parameters=d.parameters)
 
 
@@ -83,9 +82,8 @@ def ensure_pool(pool: str, pool_type: str = "process") -> bool:
     return True
 
 
-def worker(name: str | None = None, pool_type: str = "process") -> None:
+def worker(d: Deployment, pool_type: str = "process") -> None:
     """Make the deployment's work pool if it is missing, then run a worker on it (until stopped)."""
-    d = load(name)
     if ensure_pool(d.pool, pool_type):
         print(f"work pool {d.pool!r} created ({pool_type})", file=sys.stderr)
     sys.stdout.flush()
