@@ -24,9 +24,9 @@ EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 
 # The chat template of every tokenizer the DAG builds (prompt.format chat): ChatML's layout with
-# plain-text headers, so the vocabulary stays the corpus's own. The assistant turn ends with EOS and nothing after it, so the
-# rendered prompt (ending "<|assistant|>\n") is a prefix of the rendered prompt + completion (TRL
-# masks the completion by that prefix).
+# plain-text headers, so the vocabulary stays the corpus's own. The assistant turn ends with EOS and
+# nothing after it, so the rendered prompt (ending "<|assistant|>\n") is a prefix of the rendered
+# prompt + completion (TRL masks the completion by that prefix).
 BUILT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] }}"

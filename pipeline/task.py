@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from pipeline import answers, grading
 from pipeline.config import TaskConfig
@@ -153,6 +154,14 @@ def active() -> Task:
 
 
 def _from_params() -> Task:
+    from pipeline.config import params_path
+
+    return _task_of(str(params_path()))
+
+
+@lru_cache(maxsize=None)
+def _task_of(params_file: str) -> Task:
+    """Built once per params file: `active()` is called for every completion graded and every line searched."""
     from pipeline.config import active_section
 
     return Task.from_config(active_section("task"))
