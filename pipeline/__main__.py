@@ -8,7 +8,7 @@
   server  the URL of the shared background Prefect server that stages outside `repro` use
           (started if none runs); --stop stops it
   report  this version's metrics, their diff against a git revision and paired-bootstrap accuracy changes
-  status  which stages are stale (`dvc status`)
+  status  which stages are stale (`dvc status`), after releasing the DVC locks a killed run left
 """
 
 from __future__ import annotations
@@ -45,17 +45,49 @@ def _write_params(args: argparse.Namespace) -> None:
 
 
 def _repro(args: argparse.Namespace) -> int:
-    from pipeline.flows import expected_errors, prefect_server
+    from pipeline import runlock
+    from pipeline.flows import expected_errors
 
     with expected_errors():
         from pipeline.compare import parse_gate
-        from pipeline.config import ConfigError, validate_all
+        from pipeline.config import ConfigError
 
         for spec in args.gate:
             try:
                 parse_gate(spec)
             except ValueError as exc:
                 raise ConfigError(f"--gate {exc}") from None
+        timeout = _lock_timeout(args)
+    try:
+        with runlock.hold(timeout):  # before params.yaml is rewritten: a running pipeline reads it
+            return _repro_locked(args)
+    except runlock.AlreadyRunning as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _lock_timeout(args: argparse.Namespace) -> float:
+    """`repro.lock_timeout` as this run will have it: -S and --profile count (they are written only once the
+    lock is held)."""
+    from pipeline import profiles
+    from pipeline.config import active_section
+
+    if args.profile is None and not args.set and args.seed is None:
+        return active_section("repro").lock_timeout
+    profile, sets = _resolution(args)
+    if profile not in profiles.names():
+        raise profiles.unknown_profile(profile)
+    return float(profiles.resolve(profile, sets)["repro"]["lock_timeout"])
+
+
+def _repro_locked(args: argparse.Namespace) -> int:
+    from pipeline import runlock
+    from pipeline.flows import expected_errors, prefect_server
+
+    _note_dead_locks(runlock.release_dead_dvc_locks())  # a killed run's, which would stop dvc repro
+    with expected_errors():
+        from pipeline.config import validate_all
+
         _write_params(args)
         validate_all()  # fail on bad params before a server starts
     with prefect_server() as api_url:
@@ -156,10 +188,17 @@ def _report(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _note_dead_locks(pids: list[int]) -> None:
+    if pids:
+        print(f"released DVC's locks of dead process(es) {', '.join(map(str, pids))}", file=sys.stderr)
+
+
 def _status(args: argparse.Namespace) -> int:
+    from pipeline import runlock
     from pipeline.orchestrate import dvc
 
-    return dvc("status").returncode
+    _note_dead_locks(runlock.release_dead_dvc_locks())
+    return dvc("status", *args.targets).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                         "0) beyond doubt: the upper 95%% bound of the paired change below -MARGIN; repeatable")
     report.add_argument("--results", action="store_true",
                         help="only the results table of the README (this run beside docs/results/)")
-    sub.add_parser("status", help="dvc status")
+    status = sub.add_parser("status", help="dvc status (after releasing DVC's locks of killed runs)")
+    status.add_argument("targets", nargs="*", help="stages to check (default: all)")
     args = parser.parse_args(argv)
     return {"repro": _repro, "params": _params, "serve": _schedule, "worker": _schedule, "server": _server,
             "report": _report, "status": _status}[args.command](args)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError
-from pipeline.io import InputError
+from pipeline.io import DISK_FULL, InputError, StageFailed
+from pipeline.tether import GRACE as TETHER_GRACE
 
 # Quiet, offline defaults; a user's own environment wins.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -47,11 +48,18 @@ def fail(message: str, code: int = 2) -> None:
 
 @contextlib.contextmanager
 def expected_errors() -> Iterator[None]:
-    """Turn bad params and bad inputs into a clear message and exit code 2."""
+    """Bad params, bad inputs and a full disk: a clear message and exit code 2; a stage that failed for a
+    reason it names (training diverged): the message and exit code 1. No traceback for either."""
     try:
         yield
     except (ConfigError, InputError) as exc:
         fail(str(exc))
+    except StageFailed as exc:
+        fail(str(exc), code=1)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        fail(f"{exc.filename}: {exc.strerror}")
 
 
 def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
@@ -65,6 +73,8 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     def body_then_metrics(*inner: Any) -> Any:
         out = body(*inner)
         publish_stage_metrics(os.environ.get("DVC_STAGE", name))
+        if "pipeline.checkpoints" in sys.modules:  # the stage trained: its outputs are in place now
+            sys.modules["pipeline.checkpoints"].stage_completed()
         return out
 
     functools.update_wrapper(body_then_metrics, body)
@@ -148,32 +158,54 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
+def server_started(pid: int, url: str) -> None:
+    """Note the server in the run lock's record, for a second run's message and the fault suite."""
+    from pipeline import runlock
+
+    runlock.annotate(server={"pid": pid, "url": url})
+
+
 def prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
 
 
-def _start_server(log_path: Path, timeout: float, home: Path | None = None) -> tuple[subprocess.Popen, str]:
+def _start_server(log_path: Path, timeout: float, home: Path | None = None,
+                  tethered: bool = False) -> tuple[subprocess.Popen, str]:
     """A Prefect API server on a free loopback port, in its own session, logging to `log_path`; returned once
-    healthy (killed, and an error naming the log, when it exits or is not healthy within `timeout` s)."""
+    healthy (killed, and an error naming the log, when it exits or is not healthy within `timeout` s).
+
+    `tethered`: started through `pipeline.tether`, so it stops when this process dies, even by SIGKILL.
+    """
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     if home is not None:
         env["PREFECT_HOME"] = str(home)
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    if tethered:
+        command = [sys.executable, "-m", "pipeline.tether", "--", *command]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE if tethered else subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     while not _healthy(api_url):
         if proc.poll() is not None:
             raise RuntimeError(f"Prefect server exited with code {proc.returncode}; see {log_path}")
         if time.monotonic() > deadline:
-            proc.kill()
+            _kill_session(proc)
             raise RuntimeError(f"Prefect server not healthy after {timeout:.0f} s; see {log_path}")
         time.sleep(0.3)
     return proc, api_url
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the session `proc` leads (the server and every process it started)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 @contextlib.contextmanager
@@ -181,23 +213,25 @@ def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator
     """Yield an API URL: `PREFECT_API_URL` when set, else a server started here and stopped after.
 
     The server listens on loopback only; its SQLite database lives in `home`
-    (default: Prefect's own, so the runs stay browsable with `make server`).
+    (default: Prefect's own, so the runs stay browsable with `make server`). It is tethered to this
+    process (`pipeline.tether`): killed with it, it dies too instead of running on, orphaned.
     """
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
     log_dir = home if home is not None else prefect_home()
     log_dir.mkdir(parents=True, exist_ok=True)
-    proc, api_url = _start_server(log_dir / "server.log", timeout, home)
+    proc, api_url = _start_server(log_dir / "server.log", timeout, home, tethered=True)
+    server_started(proc.pid, api_url)
     try:
         yield api_url
     finally:
         drain_prefect()
-        proc.terminate()
+        proc.terminate()  # the tether stops the server, then exits
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=TETHER_GRACE + 5)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill_session(proc)
 
 
 SHARED_SERVER_SWITCH = "PIPELINE_SHARED_SERVER"

@@ -8,6 +8,7 @@ output that looks complete; every output folder carries `config.json`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -21,25 +22,41 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import faults
+
 
 class InputError(Exception):
     """A missing or malformed input: the message names the file (and row or column)."""
+
+
+class StageFailed(Exception):
+    """The stage cannot complete for a reason it names (training diverged): exit 1 with the message alone."""
 
 
 @contextlib.contextmanager
 def atomic_dir(final: Path | str) -> Iterator[Path]:
     """Yield an empty temporary folder beside `final`; replace `final` with it on success.
 
-    On an exception the temporary folder is removed and `final` is left as it was.
+    On an exception the temporary folder is removed and `final` is left as it was. A process killed
+    before the end leaves its folder behind, named with its PID: the next `atomic_dir` for `final`
+    removes it once that process is gone. A full disk raises `DiskFull`, naming `final` and the file.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    _remove_stale(final.parent, (f".{final.name}.tmp-", f".{final.name}.old-"))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in DISK_FULL:
+            raise DiskFull(f"{final}: {exc.strerror} while writing {exc.filename or tmp}; {final} is left as it "
+                           "was (free some space and re-run the stage)") from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    faults.at(f"commit:{final}")
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     if final.exists():
         final.rename(old)
@@ -48,15 +65,55 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 
+# errno values of a full disk or quota: the write fails part-way, and what was there before must survive.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(InputError):
+    """A write failed for lack of space; the message names the output and the file, and the old output stands."""
+
+
+def _remove_stale(folder: Path, prefixes: tuple[str, ...]) -> None:
+    """Remove the temporary files and folders `<prefix><pid>-...` (or `<prefix><pid>`) of processes that are gone."""
+    for path in folder.iterdir() if folder.is_dir() else ():
+        prefix = next((p for p in prefixes if path.name.startswith(p)), None)
+        if prefix is None:
+            continue
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def atomic_write_text(path: Path | str, text: str) -> None:
-    """Write a file through a temporary sibling and os.replace (atomic on POSIX)."""
+    """Write a file through a temporary sibling and os.replace (atomic on POSIX): a failed or killed write
+    leaves the old file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    _remove_stale(path.parent, (f".{path.name}.",))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
+            if faults.armed(f"write:{path}") == "enospc":
+                fh.write(text[: len(text) // 2])
+                raise faults.disk_full(path)
             fh.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.errno in DISK_FULL:
+            raise DiskFull(f"{path}: {exc.strerror}; {path} is left as it was (free some space and re-run)") from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -87,6 +144,11 @@ def read_json(path: Path | str) -> Any:
 def write_rows(path: Path | str, rows: Sequence[dict], schema: pa.Schema | None = None) -> None:
     """Rows to parquet. Same rows give the same bytes (no timestamps in parquet metadata)."""
     table = pa.Table.from_pylist(list(rows), schema=schema)
+    if faults.armed(f"write:{path}") == "enospc":  # the fault suite's full disk: half the bytes, then the error
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        Path(path).write_bytes(sink.getvalue().to_pybytes()[: sink.tell() // 2])
+        raise faults.disk_full(path)
     pq.write_table(table, path, compression="zstd")
 
 

@@ -20,8 +20,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
-from pipeline import paths
-from pipeline.config import validate_all
+from pipeline import paths, runlock
+from pipeline.config import active_section, validate_all
 from pipeline.flows import flatten, publish_markdown, publish_table, stage_logger
 from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
 
@@ -157,9 +157,15 @@ def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool
     that fails one is neither recorded nor pushed, and the run ends Failed saying why (`GATE_STOPPED`). `record` commits the
     version (dvc.lock, params.yaml, metrics/). Scheduled runs take these from prefect.yaml.
     """
-    log = stage_logger()
     if not Path("dvc.yaml").exists():  # a deployment's working directory that is not this repository
         raise RuntimeError(f"{Path.cwd()}: no dvc.yaml here; run the flow from the repository's root")
+    with runlock.hold(active_section("repro").lock_timeout):  # already held when run by `python -m pipeline repro`
+        return _one_version(targets, force, pull, push, profile, sets, gate, record)
+
+
+def _one_version(targets: list[str] | None, force: bool, pull: bool, push: bool, profile: str | None,
+                 sets: list[str] | None, gate: list[str] | None, record: bool) -> dict | State:
+    log = stage_logger()
     if profile is not None or sets:
         from pipeline import profiles
 

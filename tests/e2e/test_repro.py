@@ -220,3 +220,26 @@ def test_the_default_remote_beside_the_repository_carries_the_outputs_to_a_fresh
     dvc("pull", cwd=clone)
     assert (clone / "models/sft/model.safetensors").exists() and (clone / "data/mine/rl.parquet").exists()
     assert ran_stages(dvc("repro", "--dry", cwd=clone).stdout) == []
+
+
+def test_sft_and_evaluate_killed_mid_stage_then_the_next_run_finishes(repo, tmp_path):
+    """The fault suite's killed stage (tests/faults/test_killed_stage.py) for sft and evaluate, here where their
+    upstream is built: a new sft learning rate, a run killed as models/sft is about to be put in place, one killed
+    as evaluate@sft's predictions are, then a run that finishes. Last in this module: it leaves other stages stale."""
+    from tests.faults.test_killed_stage import killed_repro, stale
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["sft"]["learning_rate"] = 0.0025
+    write_params(repo, params)
+    killed_repro(repo, "sft", "commit:models/sft", tmp_path / "home")
+    assert list((repo / "models").glob(".sft.tmp-*")) and "sft" in stale(repo, "sft")
+
+    killed_repro(repo, "evaluate@sft", "commit:data/evaluate/sft", tmp_path / "home")
+    assert not list((repo / "models").glob(".sft.tmp-*")), "the next run removed the killed run's folder"
+    assert "up to date" in stale(repo, "sft")
+    assert list((repo / "data/evaluate").glob(".sft.tmp-*")) and "evaluate@sft" in stale(repo, "evaluate@sft")
+
+    proc = sh([sys.executable, "-m", "pipeline", "repro", "evaluate@sft"], repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft"]  # what the killed runs finished stays done
+    assert not list((repo / "data/evaluate").glob(".sft.tmp-*"))
+    assert "up to date" in stale(repo, "evaluate@sft")

@@ -1,0 +1,123 @@
+"""One `python -m pipeline repro` (or scheduled repro flow) at a time in a repository.
+
+The lock is an advisory `flock` on `.dvc/tmp/pipeline-repro.lock`: the kernel drops it when its holder
+exits, however it exits, so a killed run never leaves the repository locked. The file holds the holder's
+PID (and its Prefect server, once started) for the message a second run prints. Holding is re-entrant
+within one process: the CLI takes it before rewriting params.yaml, and the repro flow it then runs takes it
+again (a deployment's run only takes the latter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK_FILE = Path(".dvc/tmp/pipeline-repro.lock")
+POLL = 0.5  # seconds between tries while waiting
+
+_held: dict[str, object] = {}  # this process's lock: {"file": open file, "depth": int, "record": dict}
+
+
+class AlreadyRunning(Exception):
+    """Another run holds the lock; the message names its PID."""
+
+
+def holder(path: Path = LOCK_FILE) -> dict:
+    """What the lock file says about the run that holds it ({} when unreadable or empty)."""
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def hold(timeout: float, path: Path = LOCK_FILE) -> Iterator[None]:
+    """Hold the repository's run lock, waiting up to `timeout` seconds (0: not at all) for another run."""
+    if _held:
+        _held["depth"] += 1  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            _held["depth"] -= 1  # type: ignore[operator]
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a+")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                fh.close()
+                other = holder(path).get("pid", "unknown")
+                waited = f" (waited {timeout:g} s; repro.lock_timeout)" if timeout else ""
+                raise AlreadyRunning(f"the pipeline is already running in {Path.cwd()} (PID {other}){waited}; "
+                                     "wait for it to finish or stop it") from None
+            time.sleep(POLL)
+    _held.update(file=fh, depth=1, record={"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    _write()
+    try:
+        yield
+    finally:
+        fh.truncate(0)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+        _held.clear()
+
+
+def annotate(**fields: object) -> None:
+    """Add `fields` to the held lock's record (nothing when this process holds no lock)."""
+    if _held:
+        _held["record"].update(fields)  # type: ignore[union-attr]
+        _write()
+
+
+def _write() -> None:
+    fh = _held["file"]
+    fh.seek(0)  # type: ignore[union-attr]
+    fh.truncate(0)  # type: ignore[union-attr]
+    fh.write(json.dumps(_held["record"]))  # type: ignore[union-attr]
+    fh.flush()  # type: ignore[union-attr]
+
+
+def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
+    """Drop the entries of dead processes from DVC's `rwlock` file; the PIDs dropped.
+
+    DVC removes an entry itself only when its PID does not exist, and a killed `dvc repro` whose parent died
+    too can linger as a zombie until init reaps it, which DVC counts as running: the next `dvc` then refuses
+    with "is busy". Edited under DVC's own guard file, so a `dvc` running beside us is not disturbed.
+    """
+    import psutil
+    from dvc.lock import make_lock
+
+    path = tmp / "rwlock"
+    if not path.exists():
+        return []
+    with make_lock(str(tmp / "rwlock.lock"), tmp_dir=str(tmp)):
+        try:
+            data = json.loads(path.read_text() or "{}")
+        except ValueError:
+            return []  # DVC names a corrupted file itself
+        dropped: set[int] = set()
+
+        def alive(info: dict) -> bool:
+            pid = int(info.get("pid", 0))
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.Error:
+                pass
+            dropped.add(pid)
+            return False
+
+        data["write"] = {p: info for p, info in data.get("write", {}).items() if alive(info)}
+        data["read"] = {p: kept for p, infos in data.get("read", {}).items() if (kept := [i for i in infos if alive(i)])}
+        if dropped:
+            path.write_text(json.dumps(data))
+    return sorted(dropped)

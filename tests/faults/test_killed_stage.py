@@ -1,0 +1,51 @@
+"""A stage killed with its whole process group (SIGKILL, as a scheduler kills a job), at a point the fault hook
+controls after partial files exist: nothing is accepted as complete, no process is left (the Prefect server
+`python -m pipeline repro` started dies with it), and the next run cleans up, redoes the stage and ends clean.
+
+The same for `sft` and `evaluate`: tests/e2e/test_repro.py, which has their upstream stages built already
+(`test_sft_and_evaluate_killed_mid_stage_then_the_next_run_finishes`)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.faults.conftest import (PYTHON, kill_session, live_processes, lock_record, own_server_env, sh, start,
+                                   wait_gone)
+
+pytestmark = pytest.mark.e2e
+
+
+def killed_repro(repo, target: str, point: str, home) -> None:
+    """`python -m pipeline repro <target>` with `kill@<point>` armed: assert it died by SIGKILL and left nothing
+    running, its Prefect server included."""
+    env = {**own_server_env(home), "PIPELINE_FAULT": f"kill@{point}"}
+    proc = start([PYTHON, "-m", "pipeline", "repro", target], repo, env)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == -signal.SIGKILL, f"not killed at {point} ({proc.returncode}):\n{out[-3000:]}"
+    record = lock_record(repo)
+    assert record.get("pid") == proc.pid and record.get("server", {}).get("pid"), record
+    server = record["server"]["pid"]  # the tether, leader of the server's own session
+    assert not wait_gone(lambda: live_processes(pgid=proc.pid)), "a process of the killed run is left"
+    assert not wait_gone(lambda: live_processes(sid=server)), "the Prefect server outlived the killed run"
+
+
+def stale(repo, target: str) -> str:
+    return sh([PYTHON, "-m", "pipeline", "status", target], repo).stdout
+
+
+def test_synthesize_killed_before_its_output_is_in_place(repo, tmp_path):
+    killed_repro(repo, "synthesize", "commit:data/synthesize", tmp_path / "home")
+    assert not (repo / "data/synthesize").exists()
+    leftovers = list((repo / "data").glob(".synthesize.tmp-*"))
+    assert leftovers and any(p.suffix == ".parquet" for p in leftovers[0].iterdir()), "partial files were written"
+    assert "synthesize" in stale(repo, "synthesize")
+
+    sh([PYTHON, "-m", "pipeline", "repro", "synthesize"], repo)
+    assert not list((repo / "data").glob(".synthesize.tmp-*")), "the next run removes the dead run's folder"
+    assert (repo / "data/synthesize/train.parquet").exists()
+    assert "up to date" in stale(repo, "synthesize")
