@@ -51,6 +51,7 @@ _INNER_SECONDS = 3  # math-verify's own parse and compare timeouts in the worker
 _THINK_CLOSE = re.compile(r"</think\s*>", re.IGNORECASE)
 _THINK_OPEN = re.compile(r"<think\s*>", re.IGNORECASE)
 _BOX_HEAD = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
 _GSM8K_MARK = "####"
 # A number as people write it in a rationale: sign, thousands commas, decimals ("-1,234.5", ".5").
 _ANY_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
@@ -65,16 +66,25 @@ def strip_reasoning(text: str) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    """The contents of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance, else None."""
-    for head in reversed(list(_BOX_HEAD.finditer(text))):
-        depth, start = 1, head.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i].strip()
+    """The contents of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance, else None.
+
+    One pass matches every brace after the first head, so a completion of thousands of heads that never
+    close costs linear time (scanning from each head would be quadratic: minutes for a 400 kB output).
+    """
+    heads = list(_BOX_HEAD.finditer(text))
+    if not heads:
+        return None
+    closing: dict[int, int] = {}  # position of a "{" -> position of the "}" that closes it
+    opened: list[int] = []
+    for brace in _BRACE.finditer(text, heads[0].end() - 1):
+        if brace.group() == "{":
+            opened.append(brace.start())
+        elif opened:
+            closing[opened.pop()] = brace.start()
+    for head in reversed(heads):
+        end = closing.get(head.end() - 1)
+        if end is not None:
+            return text[head.end():end].strip()
     return None
 
 

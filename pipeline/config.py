@@ -460,11 +460,13 @@ class DPOStageConfig(Section):
 
 
 class SFTExtendedConfig(Section):
-    """`sft_extended`: the compute-matched baseline. SFT continues from models/sft for GRPO's wall-clock time."""
+    """`sft_extended`: the compute-matched baseline. SFT continues from models/sft for GRPO's compute (token passes, not seconds: the same on every machine)."""
 
     learning_rate: float = Field(3e-4, gt=0, lt=1, description="peak learning rate of the continued SFT")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
-    time_factor: float = Field(1.0, gt=0, description="train for this multiple of GRPO's measured training seconds")
+    compute_factor: float = Field(
+        1.0, gt=0, description="train for this multiple of GRPO's compute: its rollout tokens times the forward "
+        "passes each cost (generation, training, reference), over SFT's three per trained token")
 
 
 class PRMDataConfig(Section):
@@ -701,6 +703,9 @@ class ModelLoadConfig(Section):
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
         None, description="attention kernel (null: transformers' choice, sdpa where it can; flash_attention_2 needs "
         "the flash-attn package and a GPU)")
+    trust_remote_code: bool = Field(
+        False, description="run the Python code a Hub model ships (its own modelling or tokenizer classes); off, "
+        "only transformers' own classes load. Weights load from safetensors files either way")
 
 
 class PromptConfig(Section):
@@ -758,6 +763,20 @@ class TaskConfig(Section):
         return self
 
 
+class ReproConfig(Section):
+    """`repro`: how runs execute. No stage declares this section among its DVC params, so changing it re-runs nothing (`dvc repro -f -s <stage>` does)."""
+
+    lock_timeout: float = Field(
+        0.0, ge=0, description="seconds a second `python -m pipeline repro` waits for the running one before it "
+        "exits saying so (0: exits at once)")
+    checkpoint_steps: int = Field(
+        0, ge=0, description="the TRL trainers (teacher, sft, sft_extended, grpo, dpo, prm) save a checkpoint every "
+        "N optimizer steps under .checkpoints/, keyed to the stage's params and inputs (0: none)")
+    resume: bool = Field(
+        True, description="a stage whose checkpoint matches its params and inputs continues from it (after a "
+        "killed run) instead of starting over")
+
+
 SECTIONS: dict[str, type[Section]] = {
     "task": TaskConfig,
     "prompt": PromptConfig,
@@ -776,6 +795,7 @@ SECTIONS: dict[str, type[Section]] = {
     "prm": PRMConfig,
     "evaluate": EvaluateConfig,
     "animate": AnimateConfig,
+    "repro": ReproConfig,
 }
 
 S = TypeVar("S", bound=Section)

@@ -138,13 +138,16 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     try:
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     except ValueError:  # no tokenizer.json; OSError (nothing there, offline) propagates, not retried twice
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=active_section("model").trust_remote_code)
 
 
 def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
-    """`from_pretrained` keywords from the `model` section: the dtype (unless `dtype` is given) and the attention."""
+    """`from_pretrained` keywords from the `model` section: the dtype (unless `dtype` is given), the attention,
+    remote code; weights from safetensors files only."""
     cfg = active_section("model")
-    out: dict = {"dtype": dtype if dtype is not None else DTYPES[cfg.dtype]}
+    # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code as it loads
+    out: dict = {"dtype": dtype if dtype is not None else DTYPES[cfg.dtype], "use_safetensors": True,
+                 "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation is not None:
         out["attn_implementation"] = cfg.attn_implementation
     return out

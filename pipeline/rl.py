@@ -27,7 +27,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline import chat
+from pipeline import chat, checkpoints
 from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
@@ -202,6 +202,13 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
     return grpo
 
 
+def passes_per_token(cfg: GRPOStageConfig) -> int:
+    """Forward-pass equivalents GRPO spends on each rollout token: one to generate it, three to train on it
+    (forward and backward), one more for the frozen reference when the KL term is on (beta > 0; TBRM keeps
+    its own reference). The usual 2N / 6N FLOP model of a decoder of N parameters, in units of 2N."""
+    return 1 + 3 + (1 if cfg.algorithm == "tbrm" or cfg.beta > 0 else 0)
+
+
 def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer, rows: Sequence[dict],
              work_dir: Path, live_dir: Path) -> dict:
     """GRPO (or TBRM) in place on `model` over the mined rows; returns summary metrics."""
@@ -217,7 +224,7 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
     trainer = TBRMTrainer(**kwargs, tbrm_beta=cfg.beta) if cfg.algorithm == "tbrm" else GRPOTrainer(**kwargs)
     before = snapshot(model)
     start = time.perf_counter()
-    result = trainer.train()
+    result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
     logs = [log for log in trainer.state.log_history if "reward" in log]
     first, last = (logs[0], logs[-1]) if logs else ({}, {})
@@ -228,6 +235,10 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         "rollouts": result.global_step * trainer.args.per_device_train_batch_size,
         "train_seconds": round(seconds, 1),
         "seconds_per_step": round(seconds / max(result.global_step, 1), 3),
+        # prompt and completion tokens of every rollout (TRL's count), and what they cost in token passes
+        # (2 x parameters FLOPs each): sft_extended trains for the same compute
+        "tokens": int(trainer.state.num_input_tokens_seen),
+        "token_passes": int(trainer.state.num_input_tokens_seen) * passes_per_token(cfg),
         "reward_first": round(first.get("reward", float("nan")), 4),
         "reward_last": round(last.get("reward", float("nan")), 4),
         "accuracy_reward_first": round(first.get("rewards/accuracy/mean", float("nan")), 4),

@@ -11,7 +11,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 
-from pipeline import chat
+from pipeline import chat, checkpoints
 from pipeline.config import TrainConfig
 
 
@@ -124,7 +124,7 @@ def sft_train(
         callbacks=[dvclive_callback(live_dir)],
     )
     start = time.perf_counter()
-    result = trainer.train()
+    result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
     final_eval = trainer.evaluate()
     # TRL logs the running count of trained (non-padding) tokens as `num_tokens`.
@@ -172,7 +172,7 @@ def logit_distill(
         callbacks=[dvclive_callback(live_dir)],
     )
     start = time.perf_counter()
-    result = trainer.train()
+    result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
     return {
         "train_loss": round(result.training_loss, 4),
@@ -217,7 +217,7 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
     trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                          callbacks=[dvclive_callback(live_dir)])
     start = time.perf_counter()
-    result = trainer.train()
+    result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
     logs = [log for log in trainer.state.log_history if "rewards/accuracies" in log]
     return {
@@ -321,7 +321,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
                          callbacks=[dvclive_callback(live_dir)], chain_weight=cfg.chain_weight,
                          pair_weight=cfg.pair_weight)
     start = time.perf_counter()
-    result = trainer.train()
+    result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
     return {
         "paths": len(features),

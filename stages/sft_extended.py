@@ -1,11 +1,13 @@
 """python -m stages.sft_extended
 
 The compute-matched baseline for GRPO: SFT on the gold rationales continues
-from models/sft for as long as GRPO trained (metrics/grpo.json, train_seconds,
-times `sft_extended.time_factor`). The step count is fixed before training from
-the SFT stage's own measured seconds per step (metrics/sft.json), so the run is
-deterministic for its inputs; the seconds it really took are reported beside
-the target.
+from models/sft for as much compute as GRPO spent (`token_passes` in the
+manifest of models/grpo, which holds GRPO's metrics without their timings:
+its rollout tokens times the forward-pass equivalents each cost), times
+`sft_extended.compute_factor`. An SFT step costs three passes per token it
+trains on, and its tokens are the rows' mean length times the sequences per
+step, so the step count is fixed before training from counts alone: the same
+on every machine, whatever its speed.
 
 Same optimizer settings as `sft` except the learning rate and schedule of this
 section (the model is already at SFT's plateau; the full rate would undo it).
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline import paths
+from pipeline import chat, paths
 from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_json, read_rows, write_json, write_manifest
@@ -24,31 +26,42 @@ from pipeline.task_data import gold_rows
 from pipeline.training import sft_train
 
 
-def planned_steps(target_seconds: float, sft_metrics: dict) -> int:
-    """Optimizer steps that take `target_seconds` at SFT's measured pace (at least one)."""
-    pace = sft_metrics["train_seconds"] / max(sft_metrics["steps"], 1)
-    return max(1, round(target_seconds / pace))
+SFT_PASSES_PER_TOKEN = 3  # forward and backward, in forward-pass equivalents (pipeline.rl.passes_per_token)
+
+
+def planned_steps(target_passes: float, tokens_per_step: float) -> int:
+    """Optimizer steps that spend `target_passes` token passes, `tokens_per_step` a step (at least one)."""
+    return max(1, round(target_passes / (SFT_PASSES_PER_TOKEN * tokens_per_step)))
+
+
+def tokens_per_step(tokenizer, rows: list[dict], sft: SFTConfig) -> float:
+    """Tokens one SFT step trains on: the rows' mean prompt-and-rationale length as the model reads it (end of
+    sequence included, cut at `sft.max_length`) times the sequences per optimizer step."""
+    texts = [chat.render(tokenizer, r["prompt"]) + r["rationale"] for r in rows[: sft.max_train_samples]]
+    lengths = [min(len(ids) + 1, sft.max_length) for ids in tokenizer(texts)["input_ids"]]
+    return sum(lengths) / max(len(lengths), 1) * sft.per_device_train_batch_size * sft.gradient_accumulation_steps
 
 
 def _flow(cfg: SFTExtendedConfig, sft: SFTConfig) -> None:
-    grpo_file, sft_file = paths.metrics_file("grpo"), paths.metrics_file("sft")
-    grpo, sft_metrics = read_json(grpo_file), read_json(sft_file)
-    for name, data, key in ((grpo_file, grpo, "train_seconds"), (sft_file, sft_metrics, "steps")):
-        if key not in data:
-            raise InputError(f"{name}: missing key {key!r} (re-run its stage: dvc repro)")
-    target = grpo["train_seconds"] * cfg.time_factor
-    steps = planned_steps(target, sft_metrics)
+    grpo_file = paths.model_dir("grpo") / paths.MODEL_MANIFEST
+    grpo = read_json(grpo_file).get("metrics", {})
+    if "token_passes" not in grpo:
+        raise InputError(f"{grpo_file}: missing key metrics.token_passes (re-run its stage: dvc repro grpo)")
+    target = grpo["token_passes"] * cfg.compute_factor
     train_file, val_file = paths.split_file("train"), paths.split_file("val")
     rows = gold_rows(sft.rationale_share)  # the rows SFT had: the compute-matched baseline sees no more rationales
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     model, tokenizer = load_model(paths.model_dir("sft"))
+    per_step = tokens_per_step(tokenizer, rows, sft)
+    steps = planned_steps(target, per_step)
     with atomic_dir(paths.model_dir("sft_extended")) as out, atomic_dir(paths.live_dir("sft_extended")) as live:
         metrics = sft_train(
             sft, model, tokenizer, rows, val_rows, out / ".trainer", live, max_steps=steps,
             learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=0.0,
             eval_steps=max(1, steps // 4),
         )
-        metrics = {"target_seconds": round(target, 1), "planned_steps": steps, **metrics}
+        metrics = {"target_token_passes": round(target), "tokens_per_step": round(per_step, 1),
+                   "planned_steps": steps, **metrics}
         stage_logger().info("sft_extended: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)

@@ -422,16 +422,38 @@ def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
     assert (paths.model_dir("grpo") / "model.safetensors").read_bytes() == saved
 
 
-def test_sft_extended_trains_for_grpos_time(workspace):
+def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
+    from pipeline.config import load_section
+    from pipeline.models import load_tokenizer
+    from pipeline.rl import passes_per_token
+    from pipeline.task_data import gold_rows
     from stages import sft_extended
 
     sft_extended.main()
     metrics = json.loads(paths.metrics_file("sft_extended").read_text())
-    grpo_seconds = json.loads(paths.metrics_file("grpo").read_text())["train_seconds"]
-    sft = json.loads(paths.metrics_file("sft").read_text())
-    assert metrics["target_seconds"] == pytest.approx(grpo_seconds, abs=0.1)
-    assert metrics["planned_steps"] == max(1, round(grpo_seconds / (sft["train_seconds"] / sft["steps"])))
+    grpo = json.loads(paths.metrics_file("grpo").read_text())
+    cfg, sft = load_section("grpo"), load_section("sft")
+    # generation 1 + training 3 (+ the reference's forward 1 with the KL term on) passes per rollout token
+    assert passes_per_token(cfg) == (5 if cfg.beta > 0 else 4)
+    assert grpo["tokens"] > 0 and grpo["token_passes"] == grpo["tokens"] * passes_per_token(cfg)
+    assert metrics["target_token_passes"] == grpo["token_passes"]
+    rows = gold_rows(sft.rationale_share)[: sft.max_train_samples]
+    tokenizer = load_tokenizer(paths.model_dir("sft"))
+    lengths = [len(tokenizer(r["prompt"] + r["rationale"])["input_ids"]) + 1 for r in rows]  # raw prompts, + EOS
+    assert metrics["tokens_per_step"] == pytest.approx(sum(lengths) / len(lengths) * sft.per_device_train_batch_size
+                                                       * sft.gradient_accumulation_steps, abs=0.05)
+    assert metrics["planned_steps"] == max(1, round(grpo["token_passes"] / (3 * metrics["tokens_per_step"])))
     assert metrics["steps"] == metrics["planned_steps"] and metrics["weights_changed"] == 1.0
+
+
+def test_sft_extended_steps_by_hand():
+    from stages.sft_extended import planned_steps
+
+    # 100 tokens a step: 300 token passes
+    assert planned_steps(3000, 100) == 10
+    assert planned_steps(3149, 100) == 10
+    assert planned_steps(3151, 100) == 11
+    assert planned_steps(1, 100) == 1  # at least one step
 
 
 def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):

@@ -122,10 +122,12 @@ def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path,
     params = tmp_path / "params.yaml"
     params.write_text("model: {dtype: bfloat16, attn_implementation: eager}\n")
     monkeypatch.setenv("PIPELINE_PARAMS", str(params))
-    assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager"}
+    assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager", "use_safetensors": True,
+                             "trust_remote_code": False}
     model, _ = load_model(tmp_path / "m", device="cpu")
     assert next(model.parameters()).dtype == torch.bfloat16
     assert model.config._attn_implementation == "eager"
     assert next(load_model(tmp_path / "m", dtype=torch.float32, device="cpu")[0].parameters()).dtype == torch.float32
     monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
-    assert load_kwargs() == {"dtype": torch.float32}  # no params file: float32, transformers' attention
+    # no params file: float32, transformers' attention
+    assert load_kwargs() == {"dtype": torch.float32, "use_safetensors": True, "trust_remote_code": False}

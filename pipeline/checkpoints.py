@@ -1,0 +1,155 @@
+"""Every TRL training run goes through `train`: a divergence guard, checkpoints keyed to the run, resume.
+
+- **Guard.** A non-finite training loss (checked on every micro-batch, before the optimizer sees it) or
+  gradient norm (before every optimizer step) stops training with `Diverged`, naming the step. The model in
+  memory is then never saved (the stage's output folder is discarded), and the last checkpoint stays.
+  Transformers' own `logging_nan_inf_filter` would otherwise drop NaN losses from the logs and train on.
+- **Checkpoints** (`repro.checkpoint_steps` > 0): the trainer's own, every N optimizer steps, in
+  `.checkpoints/<stage>-<key>/checkpoint-<step>` beside (never inside) the DVC outputs. The key hashes what
+  makes the run: the stage's params section, the trainer's arguments, the training data's fingerprint and
+  the starting weights, so a changed stage never resumes an old run. The checkpoint folder is removed when
+  the stage has completed (`flows.run_stage`), kept when it fails.
+- **Resume** (`repro.resume`): a run whose key has a complete checkpoint (its `trainer_state.json`, written
+  last, parses) continues from the newest: transformers restores weights (safetensors), optimizer,
+  scheduler and RNG states (loaded with `torch.load(weights_only=True)`) and skips the batches already
+  trained, so the remaining steps see the same data in the same order.
+
+Out of scope: the custom loops of `pipeline/drills.py` (the table drills, a few seconds each) neither
+checkpoint nor resume; they re-run from their start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import SaveStrategy
+
+from pipeline import faults
+from pipeline.config import active_section
+from pipeline.io import StageFailed
+
+ROOT = Path(".checkpoints")
+KEEP = 2  # checkpoints kept per run: the newest may be half-written when a kill lands inside a save
+
+_finished: list[Path] = []  # checkpoint folders of runs that trained to the end, removed when the stage completes
+
+
+class Diverged(StageFailed):
+    """The loss or gradient norm became NaN or infinite; the message names the step."""
+
+
+def train(trainer, stage_cfg: Any, label: str | None = None):
+    """`trainer.train()` guarded, checkpointed and resumed as `repro` says; returns its TrainOutput."""
+    label = label or os.environ.get("DVC_STAGE", "run").replace("@", "-")
+    repro = active_section("repro")
+    folder = None
+    resume_from = None
+    if repro.checkpoint_steps:
+        folder = ROOT / f"{label}-{run_key(trainer, stage_cfg)[:16]}"
+        args = trainer.args
+        args.output_dir = str(folder)
+        args.save_strategy = SaveStrategy.STEPS
+        args.save_steps = repro.checkpoint_steps
+        args.save_total_limit = KEEP
+        args.save_only_model = False
+        if repro.resume:
+            resume_from = latest(folder)
+    guard(trainer, label, folder)
+    if resume_from is not None:
+        _log(f"{label}: resuming from {resume_from} (step {_step_of(resume_from)})")
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if folder is not None:
+        _finished.append(folder)
+    return result
+
+
+def stage_completed() -> None:
+    """The stage's outputs are in place: its checkpoints are no longer needed."""
+    while _finished:
+        shutil.rmtree(_finished.pop(), ignore_errors=True)
+
+
+def run_key(trainer, stage_cfg: Any) -> str:
+    """sha256 of the stage's params, the trainer's arguments (where it saves aside), the training data and
+    the starting weights."""
+    digest = hashlib.sha256()
+    params = stage_cfg.model_dump(mode="json") if hasattr(stage_cfg, "model_dump") else stage_cfg
+    args = {k: v for k, v in trainer.args.to_dict().items()
+            if not k.startswith(("output_dir", "logging_dir", "save_", "run_name", "resume"))}
+    digest.update(json.dumps({"params": params, "args": args}, sort_keys=True, default=str).encode())
+    data = trainer.train_dataset
+    digest.update(str(getattr(data, "_fingerprint", None) or len(data)).encode())
+    for name, tensor in sorted(trainer.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def latest(folder: Path) -> Path | None:
+    """The newest complete checkpoint in `folder` (None: none)."""
+    done = []
+    for path in folder.glob("checkpoint-*") if folder.is_dir() else ():
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue  # killed while saving
+        done.append(path)
+    return max(done, key=_step_of, default=None)
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def guard(trainer, label: str, folder: Path | None) -> None:
+    """Stop `trainer` with `Diverged` at the first non-finite loss or gradient norm (and host the fault hooks
+    `kill@step:N` and `nan@step:N`)."""
+    original = trainer.training_step
+
+    def checked_step(*args, **kwargs):
+        step = trainer.state.global_step + 1
+        faults.at(f"step:{step}")
+        if faults.armed(f"step:{step}") == "nan":
+            with torch.no_grad():
+                next(trainer.model.parameters()).fill_(float("nan"))
+        loss = original(*args, **kwargs)
+        if not torch.isfinite(loss.detach()).all():
+            raise Diverged(_diverged(label, "loss", loss.detach().float().mean().item(), step, folder))
+        return loss
+
+    trainer.training_step = checked_step
+    trainer.add_callback(_FiniteGradients(label, folder))
+
+
+class _FiniteGradients(TrainerCallback):
+    def __init__(self, label: str, folder: Path | None) -> None:
+        self.label, self.folder = label, folder
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        grads = [p.grad.detach() for p in model.parameters() if p.grad is not None] if model is not None else []
+        if not grads:
+            return
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        if not torch.isfinite(norm):
+            raise Diverged(_diverged(self.label, "gradient norm", norm.item(), state.global_step + 1, self.folder))
+
+
+def _diverged(label: str, what: str, value: float, step: int, folder: Path | None) -> str:
+    kept = latest(folder) if folder is not None else None
+    where = (f"the last good checkpoint, {kept}, is kept" if kept is not None else
+             "no checkpoint was saved before it (repro.checkpoint_steps)")
+    return (f"{label}: training diverged: the {what} is {value} at optimizer step {step}; nothing was saved as "
+            f"the stage's output and {where}. Lower the learning rate or check the data")
+
+
+def _log(message: str) -> None:
+    from pipeline.flows import stage_logger
+
+    stage_logger().info(message)

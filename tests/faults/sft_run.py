@@ -1,0 +1,46 @@
+"""A tiny SFT run through pipeline.training.sft_train, as a subprocess of the fault tests.
+
+python tests/faults/sft_run.py OUT.json: trains a 2-layer model from scratch for 8 optimizer steps on 64
+arithmetic rows in the working directory (its params.yaml's `repro` section decides checkpoints and
+resume), then writes {step: loss} of every logged step and the final summary to OUT.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pipeline.config import BaseModelConfig, SFTConfig
+from pipeline.models import build_student, train_tokenizer
+from pipeline.training import sft_train
+
+ROWS = [{"prompt": f"What is {a} plus {b}?\n", "rationale": f"Step 1: {a} + {b} = {a + b}\nAnswer: {a + b}"}
+        for a in range(8) for b in range(8)]
+
+
+def main(out: str) -> None:
+    tokenizer = train_tokenizer([r["prompt"] + r["rationale"] for r in ROWS], 200)
+    model = build_student(BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=2, vocab_size=200,
+                                          max_position_embeddings=64), tokenizer)
+    cfg = SFTConfig(max_steps=8, per_device_train_batch_size=8, logging_steps=1, eval_steps=100,
+                    learning_rate=3e-3, warmup_steps=0, max_eval_samples=8)
+    logged: dict[int, float] = {}
+
+    from transformers import TrainerCallback
+
+    class Record(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                logged[state.global_step] = logs["loss"]
+
+    import pipeline.training as training
+
+    training.dvclive_callback = lambda live: Record()  # every step's loss, in memory, instead of dvclive's files
+    metrics = sft_train(cfg, model, tokenizer, ROWS, ROWS[:8], Path("work"), Path("live"))
+    Path(out).write_text(json.dumps({"losses": logged, "metrics": metrics}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
