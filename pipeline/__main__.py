@@ -85,6 +85,7 @@ def _repro_locked(args: argparse.Namespace) -> int:
     from pipeline.flows import expected_errors, prefect_server
 
     _note_dead_locks(runlock.release_dead_dvc_locks())  # a killed run's, which would stop dvc repro
+    _pass_sigterm_on()
     with expected_errors():
         from pipeline.config import validate_all
 
@@ -186,6 +187,27 @@ def _report(args: argparse.Namespace) -> int:
     for failure in failures:
         print(f"regression: {failure}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _pass_sigterm_on() -> None:
+    """SIGTERM to this run (a scheduler's timeout, a cancelled deployment) stops what it started too: `dvc repro`
+    does not pass it to the stage it runs, which would go on, orphaned. Then this process exits 143, stopping
+    its Prefect server on the way out."""
+    import signal
+
+    import psutil
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.terminate()
+            except psutil.Error:
+                pass
+        print(f"error: stopped by signal {signum}; what it was running was stopped too", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _note_dead_locks(pids: list[int]) -> None:

@@ -69,9 +69,20 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
             raise RuntimeError("run_stage: Prefect was imported before the shared server's URL was set")
         os.environ["PREFECT_API_URL"] = shared_server()
     from prefect import flow  # imported here: params are validated before Prefect loads
+    from prefect.states import Failed
+
+    expected: list[Exception] = []
 
     def body_then_metrics(*inner: Any) -> Any:
-        out = body(*inner)
+        _die_on_sigterm(name)
+        try:
+            out = body(*inner)
+        except (ConfigError, InputError, StageFailed, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+                raise
+            # A reason, not a crash: the run ends Failed with the message, and Prefect logs no traceback.
+            expected.append(exc)
+            return Failed(message=str(exc))
         publish_stage_metrics(os.environ.get("DVC_STAGE", name))
         if "pipeline.checkpoints" in sys.modules:  # the stage trained: its outputs are in place now
             sys.modules["pipeline.checkpoints"].stage_completed()
@@ -80,10 +91,30 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     functools.update_wrapper(body_then_metrics, body)
     stage_flow = flow(name=name, persist_result=False, validate_parameters=False)(body_then_metrics)
     with expected_errors():
-        result = stage_flow(*args)
+        state = stage_flow(*args, return_state=True)
+        if expected:
+            raise expected[0]
+        result = state.result()
     if os.environ.get(IMPORT_LOG):
         log_imports(os.environ[IMPORT_LOG], os.environ.get("DVC_STAGE", name))
     return result
+
+
+def _die_on_sigterm(name: str) -> None:
+    """SIGTERM ends the stage process at once (exit 143), its output not put in place.
+
+    Prefect's own handler marks the flow run Crashed but can leave the process alive (seen with Prefect 3.9:
+    a stage went on training, orphaned, after its `dvc repro` was gone). The next run removes the
+    temporary folder this leaves (`pipeline.io.atomic_dir`).
+    """
+    import signal
+
+    def terminate(signum: int, frame: Any) -> None:
+        print(f"error: stage {name} stopped by signal {signum}; its output was not written", file=sys.stderr,
+              flush=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, float]:

@@ -147,7 +147,8 @@ def write_rows(path: Path | str, rows: Sequence[dict], schema: pa.Schema | None 
     if faults.armed(f"write:{path}") == "enospc":  # the fault suite's full disk: half the bytes, then the error
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="zstd")
-        Path(path).write_bytes(sink.getvalue().to_pybytes()[: sink.tell() // 2])
+        whole = sink.getvalue().to_pybytes()
+        Path(path).write_bytes(whole[: len(whole) // 2])
         raise faults.disk_full(path)
     pq.write_table(table, path, compression="zstd")
 

@@ -240,13 +240,20 @@ class QuestionGroupedSampler(torch.utils.data.Sampler):
         for i, q in enumerate(questions):
             groups.setdefault(q, []).append(i)
         self.groups = list(groups.values())
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The Trainer names each epoch before iterating it, a resumed run included, so the order of epoch e is
+        the same whether or not the run was interrupted before it."""
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return sum(len(g) for g in self.groups)
 
     def __iter__(self):
-        for g in torch.randperm(len(self.groups), generator=self.generator).tolist():
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        for g in torch.randperm(len(self.groups), generator=generator).tolist():
             yield from self.groups[g]
 
 

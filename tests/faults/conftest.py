@@ -15,8 +15,11 @@ import pytest
 from tests.conftest import copy_project, venv_env, write_params
 
 
-def sh(args: list[str], cwd: Path, check: bool = True, timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(args, cwd=cwd, env=venv_env(**env), capture_output=True, text=True, timeout=timeout)
+def sh(args: list[str], cwd: Path, check: bool = True, timeout: float = 900, environ: dict[str, str] | None = None,
+       **env: str) -> subprocess.CompletedProcess:
+    """Run `args` in `cwd` with the venv first on PATH and `env` added (or exactly `environ`)."""
+    proc = subprocess.run(args, cwd=cwd, env=environ if environ is not None else venv_env(**env), capture_output=True,
+                          text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -31,8 +34,10 @@ def make_repo(folder: Path, params: dict | None = None) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def repo(tmp_path_factory, prefect_api):
+    """One tiny project for the whole fault suite: each test makes the state it needs (a stage stale or built)
+    and leaves every stage it ran complete, so the suite pays for the copy and for synthesize once."""
     return make_repo(tmp_path_factory.mktemp("faults"))
 
 

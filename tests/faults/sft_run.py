@@ -1,8 +1,9 @@
 """A tiny SFT run through pipeline.training.sft_train, as a subprocess of the fault tests.
 
-python tests/faults/sft_run.py OUT.json: trains a 2-layer model from scratch for 8 optimizer steps on 64
-arithmetic rows in the working directory (its params.yaml's `repro` section decides checkpoints and
-resume), then writes {step: loss} of every logged step and the final summary to OUT.json.
+python tests/faults/sft_run.py OUT.json [LEARNING_RATE]: trains a 2-layer model from scratch for 8 optimizer
+steps on 64 arithmetic rows in the working directory (its params.yaml's `repro` section decides checkpoints
+and resume), then writes to OUT.json the loss of every step, the summary metrics, and the `weights_only`
+argument of every `torch.load` call. A diverged run exits 1 with its message, as a stage does.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import BaseModelConfig, SFTConfig
+from pipeline.flows import expected_errors
 from pipeline.models import build_student, train_tokenizer
 from pipeline.training import sft_train
 
@@ -19,13 +21,24 @@ ROWS = [{"prompt": f"What is {a} plus {b}?\n", "rationale": f"Step 1: {a} + {b} 
         for a in range(8) for b in range(8)]
 
 
-def main(out: str) -> None:
+def main(out: str, learning_rate: float = 3e-3) -> None:
+    import torch
+
+    loads: list[object] = []
+    original_load = torch.load
+
+    def recorded_load(*args, **kwargs):
+        loads.append(kwargs.get("weights_only"))
+        return original_load(*args, **kwargs)
+
+    torch.load = recorded_load
+
     tokenizer = train_tokenizer([r["prompt"] + r["rationale"] for r in ROWS], 200)
     model = build_student(BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=2, vocab_size=200,
                                           max_position_embeddings=64), tokenizer)
     cfg = SFTConfig(max_steps=8, per_device_train_batch_size=8, logging_steps=1, eval_steps=100,
-                    learning_rate=3e-3, warmup_steps=0, max_eval_samples=8)
+                    learning_rate=learning_rate, warmup_steps=0, max_eval_samples=8)
     logged: dict[int, float] = {}
 
     from transformers import TrainerCallback
@@ -38,9 +51,10 @@ def main(out: str) -> None:
     import pipeline.training as training
 
     training.dvclive_callback = lambda live: Record()  # every step's loss, in memory, instead of dvclive's files
-    metrics = sft_train(cfg, model, tokenizer, ROWS, ROWS[:8], Path("work"), Path("live"))
-    Path(out).write_text(json.dumps({"losses": logged, "metrics": metrics}))
+    with expected_errors():
+        metrics = sft_train(cfg, model, tokenizer, ROWS, ROWS[:8], Path("work"), Path("live"))
+    Path(out).write_text(json.dumps({"losses": logged, "metrics": metrics, "loads": loads}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *map(float, sys.argv[2:]))

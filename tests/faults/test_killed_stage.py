@@ -7,7 +7,9 @@ The same for `sft` and `evaluate`: tests/e2e/test_repro.py, which has their upst
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 
 import pytest
 
@@ -17,11 +19,11 @@ from tests.faults.conftest import (PYTHON, kill_session, live_processes, lock_re
 pytestmark = pytest.mark.e2e
 
 
-def killed_repro(repo, target: str, point: str, home) -> None:
+def killed_repro(repo, target: str, point: str, home, force: bool = False) -> None:
     """`python -m pipeline repro <target>` with `kill@<point>` armed: assert it died by SIGKILL and left nothing
-    running, its Prefect server included."""
+    running, its Prefect server included. `force`: run the target even when it is up to date."""
     env = {**own_server_env(home), "PIPELINE_FAULT": f"kill@{point}"}
-    proc = start([PYTHON, "-m", "pipeline", "repro", target], repo, env)
+    proc = start([PYTHON, "-m", "pipeline", "repro", *(["--force"] if force else []), target], repo, env)
     try:
         out, _ = proc.communicate(timeout=600)
     finally:
@@ -39,7 +41,7 @@ def stale(repo, target: str) -> str:
 
 
 def test_synthesize_killed_before_its_output_is_in_place(repo, tmp_path):
-    killed_repro(repo, "synthesize", "commit:data/synthesize", tmp_path / "home")
+    killed_repro(repo, "synthesize", "commit:data/synthesize", tmp_path / "home", force=True)
     assert not (repo / "data/synthesize").exists()
     leftovers = list((repo / "data").glob(".synthesize.tmp-*"))
     assert leftovers and any(p.suffix == ".parquet" for p in leftovers[0].iterdir()), "partial files were written"
@@ -48,4 +50,26 @@ def test_synthesize_killed_before_its_output_is_in_place(repo, tmp_path):
     sh([PYTHON, "-m", "pipeline", "repro", "synthesize"], repo)
     assert not list((repo / "data").glob(".synthesize.tmp-*")), "the next run removes the dead run's folder"
     assert (repo / "data/synthesize/train.parquet").exists()
+    assert "up to date" in stale(repo, "synthesize")
+
+
+def test_sigterm_to_the_run_stops_its_stage_and_its_server(repo, tmp_path):
+    """A scheduler's timeout or a cancelled deployment sends SIGTERM to the run alone: the stage it runs (which
+    DVC does not pass the signal to) and its Prefect server stop too, and the run exits 143."""
+    env = {**own_server_env(tmp_path / "home"), "PIPELINE_FAULT": "stall:300@commit:data/synthesize"}
+    proc = start([PYTHON, "-m", "pipeline", "repro", "--force", "synthesize"], repo, env, log=tmp_path / "run.log")
+    try:
+        deadline = time.monotonic() + 120
+        while not list((repo / "data").glob(".synthesize.tmp-*")):  # the stage has written and stalls
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+            time.sleep(0.2)
+        server = lock_record(repo)["server"]["pid"]
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        kill_session(proc)
+    assert not wait_gone(lambda: live_processes(pgid=proc.pid)), "the stage outlived the run"
+    assert not wait_gone(lambda: live_processes(sid=server)), "the Prefect server outlived the run"
+    assert not (repo / "data/synthesize").exists()
+    sh([PYTHON, "-m", "pipeline", "repro", "synthesize"], repo)
     assert "up to date" in stale(repo, "synthesize")

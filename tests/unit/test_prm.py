@@ -201,14 +201,20 @@ def test_question_grouped_sampler_keeps_a_question_together_and_reshuffles_each_
 
     questions = [0, 1, 0, 2, 1, 0, 3, 3, 4, 5]
     sampler = QuestionGroupedSampler(questions, seed=0)
-    orders = [list(sampler) for _ in range(4)]
+    orders = []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
     for order in orders:
         assert sorted(order) == list(range(len(questions))) and len(sampler) == len(questions)
         seen = [questions[i] for i in order]
         runs = [q for k, q in enumerate(seen) if k == 0 or seen[k - 1] != q]
         assert len(runs) == len(set(questions))  # each question's paths in one run
     assert len({tuple(o) for o in orders}) > 1
-    assert [list(QuestionGroupedSampler(questions, seed=0)) for _ in range(1)][0] == orders[0]  # seeded
+    assert list(QuestionGroupedSampler(questions, seed=0)) == orders[0]  # seeded
+    resumed = QuestionGroupedSampler(questions, seed=0)
+    resumed.set_epoch(2)  # a run resumed in epoch 2 sees epoch 2's order, not epoch 0's
+    assert list(resumed) == orders[2] and list(resumed) == orders[2]  # and iterating again repeats it
 
 
 def test_the_trainer_adds_the_pair_loss_and_groups_a_question_s_paths(tmp_path, tokenizer, prm):
