@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
@@ -164,7 +165,7 @@ def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device:
     try:
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, **load_kwargs(dtype))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # missing, truncated or corrupted files
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
     model.to(device or default_device())
     if tokenizer.pad_token is None:

@@ -27,11 +27,42 @@ from pipeline.report import decoding_markdown, generalisation_markdown, load_eva
 
 
 def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
-    """Run the venv's DVC with the venv's `python` first on PATH (stage cmds say `python -m ...`)."""
+    """Run the venv's DVC with the venv's `python` first on PATH (stage cmds say `python -m ...`).
+
+    Interrupted here (SIGTERM through Prefect's handler, Ctrl-C), DVC and the stage it runs are stopped
+    before this returns: killing DVC alone would leave the stage running, orphaned.
+    """
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run(
-        [sys.executable, "-m", "dvc", *args], env=env, text=True, capture_output=capture, check=False
-    )
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], env=env, text=True, stdout=pipe, stderr=pipe)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        stop_tree(proc.pid)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM to process `pid` and every process under it, SIGKILL to those still there after `grace` s."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for proc in tree:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def metrics_rows(root: Path = paths.METRICS) -> list[dict]:

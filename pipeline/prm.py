@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 
 from pipeline import chat, paths
 from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig
@@ -379,7 +380,7 @@ class PRMScorer:
         try:
             tokenizer = load_tokenizer(path)
             model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:  # missing, truncated or corrupted files
             raise InputError(f"{path}: cannot load the PRM: {exc}") from exc
         if getattr(model.config, PRM_MARK, None) != "next_token":
             raise InputError(f"{path}: not a PRM checkpoint (its config.json has no {PRM_MARK!r}: a policy, or a PRM "

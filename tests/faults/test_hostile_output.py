@@ -112,3 +112,25 @@ def test_a_pickled_checkpoint_is_refused(tmp_path):
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
     with pytest.raises(InputError, match=str(tmp_path)):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
+def test_a_damaged_checkpoint_fails_naming_its_folder(tmp_path, damage):
+    """A model folder whose weights are cut short, overwritten or gone: InputError (exit 2 in a stage) naming it."""
+    from pipeline.config import BaseModelConfig
+    from pipeline.io import InputError
+    from pipeline.models import build_student, load_model, save_model, train_tokenizer
+
+    tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
+    model = build_student(BaseModelConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=100), tokenizer)
+    save_model(model, tokenizer, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"not a checkpoint" * 64)
+    else:
+        weights.unlink()
+    with pytest.raises(InputError, match=f"{tmp_path}: cannot load model"):
+        load_model(tmp_path)
