@@ -121,17 +121,18 @@ def test_forced_reruns_of_data_and_training_stages_write_the_same_outputs(repo):
 
 
 def test_switching_profile_reruns_exactly_what_changed_and_switching_back_runs_nothing(repo):
-    """A profile extending `tiny` with other PRM and DPO settings: exactly prm and dpo are stale; the run re-runs
-    them and what depends on them; `--profile tiny` then restores every output from DVC's run-cache."""
+    """A profile extending `tiny` with other sft_extended and DPO settings: exactly those two are stale; the run
+    re-runs them and what depends on them; `--profile tiny` then restores every output from DVC's run-cache."""
     (repo / "profiles/tiny_variant.yaml").write_text(yaml.safe_dump(
-        {"extends": "tiny", "params": {"prm": {"seed": 1}, "dpo": {"beta": 0.2}}}))
+        {"extends": "tiny", "params": {"sft_extended": {"learning_rate": 0.0002}, "dpo": {"beta": 0.2}}}))
     lock = (repo / "dvc.lock").read_text()
     sh([sys.executable, "-m", "pipeline", "params", "--write", "--profile", "tiny_variant"], repo)
-    assert sorted(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["dpo", "prm"]
+    assert sorted(json.loads(dvc("status", "--json", cwd=repo).stdout)) == ["dpo", "sft_extended"]
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)  # params.yaml as it now stands
-    assert ran_stages(proc.stdout + proc.stderr) == sorted(["prm", "dpo", "report", *EVALUATED])
+    assert ran_stages(proc.stdout + proc.stderr) == sorted(["sft_extended", "dpo", "report", "evaluate@dpo",
+                                                           "evaluate@sft_extended"])
     diff = json.loads(dvc("params", "diff", "--json", cwd=repo).stdout)["params.yaml"]
-    assert (diff["prm.seed"]["old"], diff["prm.seed"]["new"]) == (0, 1)  # DVC records what ran
+    assert (diff["dpo.beta"]["old"], diff["dpo.beta"]["new"]) == (0.1, 0.2)  # DVC records what ran
 
     proc = sh([sys.executable, "-m", "pipeline", "repro", "--profile", "tiny"], repo)
     out = proc.stdout + proc.stderr

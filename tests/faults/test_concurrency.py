@@ -15,9 +15,9 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_second_run_exits_at_once_or_waits_for_the_first(repo, tmp_path):
-    # the first run holds the lock for 20 s more, stalled just before its output is put in place
+    # the first run holds the lock 12 s more, stalled just before its output is put in place
     first = start([PYTHON, "-m", "pipeline", "repro", "--force", "synthesize"], repo,
-                  venv_env(PIPELINE_FAULT="stall:20@commit:data/synthesize"), log=tmp_path / "first.log")
+                  venv_env(PIPELINE_FAULT="stall:12@commit:data/synthesize"), log=tmp_path / "first.log")
     try:
         deadline = time.monotonic() + 120
         while lock_record(repo).get("pid") != first.pid or not list((repo / "data").glob(".synthesize.tmp-*")):

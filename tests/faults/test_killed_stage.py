@@ -56,11 +56,14 @@ def test_synthesize_killed_before_its_output_is_in_place(repo, tmp_path):
 def test_sigterm_to_the_run_stops_its_stage_and_its_server(repo, tmp_path):
     """A scheduler's timeout or a cancelled deployment sends SIGTERM to the run alone: the stage it runs (which
     DVC does not pass the signal to) and its Prefect server stop too, and the run exits 143."""
+    seen = {p.name.split("-")[1] for p in (repo / "data").glob(".synthesize.tmp-*")}
     env = {**own_server_env(tmp_path / "home"), "PIPELINE_FAULT": "stall:300@commit:data/synthesize"}
     proc = start([PYTHON, "-m", "pipeline", "repro", "--force", "synthesize"], repo, env, log=tmp_path / "run.log")
     try:
         deadline = time.monotonic() + 120
-        while not list((repo / "data").glob(".synthesize.tmp-*")):  # the stage has written and stalls
+        # the stage has written and stalls (its folder named with another PID than any earlier run's)
+        while "server" not in lock_record(repo) or not [
+                p for p in (repo / "data").glob(".synthesize.tmp-*") if p.name.split("-")[1] not in seen]:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
             time.sleep(0.2)
         server = lock_record(repo)["server"]["pid"]

@@ -41,7 +41,8 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
     return losses(folder)
 
 
-def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order(tmp_path, uninterrupted):
+def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order_and_a_changed_one_does_not(
+        tmp_path, uninterrupted):
     killed = run(tmp_path, 2, fault="kill@step:6")
     assert killed.returncode == -signal.SIGKILL
     (folder,) = (tmp_path / ".checkpoints").iterdir()
@@ -56,13 +57,12 @@ def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order
         assert loss == pytest.approx(uninterrupted[step], rel=1e-5, abs=1e-6), step
     assert out["loads"] and all(w is True for w in out["loads"]), out["loads"]  # optimizer, scheduler, RNG
 
-
-def test_a_changed_run_does_not_resume_an_old_checkpoint(tmp_path, uninterrupted):
-    assert run(tmp_path, 2, fault="kill@step:6").returncode == -signal.SIGKILL
-    changed = run(tmp_path, 2, "0.002")  # another learning rate: another key
+    # the run's checkpoints are still there (outside a stage nothing removes them), but a changed run, another
+    # learning rate and so another key, does not resume them: it trains from step 1 in a folder of its own
+    changed = run(tmp_path, 2, "0.002")
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert sorted(losses(tmp_path)) == list(range(1, 9))
-    assert len(list((tmp_path / ".checkpoints").iterdir())) == 2  # the old run's folder is not reused
+    assert len(list((tmp_path / ".checkpoints").iterdir())) == 2
 
 
 def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -74,3 +74,20 @@ def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_check
     assert f"the last good checkpoint, {folder.relative_to(tmp_path) / 'checkpoint-4'}, is kept" in diverged.stderr
     assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_non_finite_gradient_norm_stops_training_naming_the_step():
+    """The second check, for a finite loss whose gradients overflow: run before every optimizer step."""
+    import torch
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from pipeline.checkpoints import Diverged, _FiniteGradients
+
+    model = torch.nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    guard = _FiniteGradients("sft", None)
+    args, state = TrainingArguments(output_dir="unused", report_to="none"), TrainerState(global_step=6)
+    guard.on_pre_optimizer_step(args, state, TrainerControl(), model=model)  # finite: nothing happens
+    model.weight.grad[0, 0] = float("inf")
+    with pytest.raises(Diverged, match="sft: training diverged: the gradient norm is inf at optimizer step 7"):
+        guard.on_pre_optimizer_step(args, state, TrainerControl(), model=model)
