@@ -86,13 +86,17 @@ def _remove_stale(folder: Path, prefixes: tuple[str, ...]) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs; a zombie (killed, not yet reaped by init) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): count it as running
+        return True
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
