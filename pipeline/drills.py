@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from pipeline.cof.tables import COLOURS, MARK_NOUNS, random_table
 from pipeline.cof.verbalize import STEPS, format_prompt
 from pipeline.config import DrillConfig, RankDrillConfig, SynthesizeConfig
+from pipeline.flows import phase
 from pipeline.generation import pad as pad_batch, pad_id
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, target ids)
@@ -207,6 +208,7 @@ def train_drills(model, tokenizer, cfg: DrillConfig, synth: SynthesizeConfig, lo
     return metrics
 
 
+@phase("drill")
 def drill_until_read(build: Callable[[int], torch.nn.Module], seed: int, tokenizer, cfg: DrillConfig,
                      synth: SynthesizeConfig, log=None) -> tuple[torch.nn.Module, dict, list[dict]]:
     """Build (`build(seed)`) and drill a student until one reads `cfg.gate` of the held-out lookups.

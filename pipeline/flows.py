@@ -77,8 +77,8 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
         _die_on_sigterm(name)
         try:
             out = body(*inner)
-        except (ConfigError, InputError, StageFailed, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+        except Exception as exc:
+            if not _is_expected(exc):
                 raise
             # A reason, not a crash: the run ends Failed with the message, and Prefect logs no traceback.
             expected.append(exc)
@@ -100,6 +100,14 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+def _is_expected(exc: BaseException) -> bool:
+    """Bad params or input, a full disk, a stage that names why it failed: `expected_errors` turns each into a
+    message and an exit code; none is a crash."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_FULL
+    return isinstance(exc, (ConfigError, InputError, StageFailed))
+
+
 def _die_on_sigterm(name: str) -> None:
     """SIGTERM ends the stage process at once (exit 143), its output not put in place.
 
@@ -115,6 +123,56 @@ def _die_on_sigterm(name: str) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
+
+
+def phase(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the decorated function as the Prefect task `name` when it is called inside a flow run (a stage's
+    phases, load, train, sample, evaluate, save, then show in the UI with their times and where a failure
+    happened), and as a plain call anywhere else (unit tests, benches).
+
+    No Prefect result caching or persistence (DVC is the one cache) and no retries (a phase is not safe to
+    repeat); its arguments are passed quoted, so Prefect does not walk a list of thousands of rows or a model
+    to record them. A task runs in the flow's own thread: the same arithmetic as a plain call.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        made: list[Any] = []
+        expected: list[Exception] = []
+
+        def reasoned(*args: Any, **kwargs: Any) -> Any:
+            from prefect.states import Failed
+
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not _is_expected(exc):
+                    raise
+                expected.append(exc)  # a reason, not a crash: Failed with the message, no traceback logged
+                return Failed(message=str(exc))
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if "prefect" not in sys.modules:
+                return fn(*args, **kwargs)
+            from prefect.context import FlowRunContext, TaskRunContext
+
+            if FlowRunContext.get() is None or TaskRunContext.get() is not None:  # outside a flow, or nested
+                return fn(*args, **kwargs)
+            from prefect import task
+            from prefect.cache_policies import NO_CACHE
+            from prefect.utilities.annotations import quote
+
+            if not made:
+                functools.update_wrapper(reasoned, fn)
+                made.append(task(reasoned, name=name, cache_policy=NO_CACHE, persist_result=False, retries=0))
+            state = made[0](*map(quote, args), **{k: quote(v) for k, v in kwargs.items()}, return_state=True)
+            if expected:
+                raise expected.pop()
+            return state.result()
+
+        return call
+
+    return wrap
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, float]:

@@ -18,6 +18,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
                           Qwen2Config, Qwen2ForCausalLM)
 
 from pipeline.config import BaseModelConfig, TeacherConfig, active_section
+from pipeline.flows import phase
 from pipeline.io import InputError
 
 DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -154,6 +155,7 @@ def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
     return out
 
 
+@phase("load model")
 def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
     """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1).
 
@@ -174,6 +176,7 @@ def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device:
     return model, tokenizer
 
 
+@phase("save model")
 def save_model(model, tokenizer, folder: Path) -> None:
     """Hugging Face format, safetensors weights, tokenizer beside them."""
     model.save_pretrained(folder, safe_serialization=True)

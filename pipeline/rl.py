@@ -29,6 +29,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from pipeline import chat, checkpoints
 from pipeline.config import GRPOStageConfig, RewardsConfig
+from pipeline.flows import phase
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
 from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed
@@ -209,6 +210,7 @@ def passes_per_token(cfg: GRPOStageConfig) -> int:
     return 1 + 3 + (1 if cfg.algorithm == "tbrm" or cfg.beta > 0 else 0)
 
 
+@phase("train")
 def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer, rows: Sequence[dict],
              work_dir: Path, live_dir: Path) -> dict:
     """GRPO (or TBRM) in place on `model` over the mined rows; returns summary metrics."""

@@ -13,6 +13,7 @@ from trl import SFTConfig as TRLSFTConfig
 
 from pipeline import chat, checkpoints
 from pipeline.config import TrainConfig
+from pipeline.flows import phase
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:
@@ -105,6 +106,7 @@ def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfi
     return TRLSFTConfig(**args)
 
 
+@phase("train")
 def sft_train(
     cfg: TrainConfig, model, tokenizer, train_rows: Sequence[dict], val_rows: Sequence[dict], work_dir: Path,
     live_dir: Path, **overrides,
@@ -140,6 +142,7 @@ def sft_train(
     }
 
 
+@phase("train (logit distillation)")
 def logit_distill(
     cfg, model, teacher, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path, *, seed: int,
     batch_size: int,
@@ -182,6 +185,7 @@ def logit_distill(
     }
 
 
+@phase("train")
 def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
     """TRL DPOTrainer in place on `model` over (prompt, chosen, rejected) pairs; `cfg` is the `dpo` section.
 
@@ -281,6 +285,7 @@ class PRMTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
 
+@phase("train")
 def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
     """Train a PRM (`pipeline.prm.prm_from_policy`) in place on step-label rows; `cfg` is the `prm` section.
 

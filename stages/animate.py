@@ -33,7 +33,7 @@ from PIL import Image
 
 from pipeline import paths
 from pipeline.config import AnimateConfig, TaskConfig, load_section
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_json, write_manifest, write_rows
 from pipeline.plots import bar_chart
 from pipeline.video.backends import check_backend, make_backend
@@ -76,6 +76,7 @@ def sample_id(row: dict) -> str:
     return f"animate-{row['id']}"
 
 
+@phase("render clips")
 def run(cfg: AnimateConfig, rows: list[dict], out: Path, backend) -> dict:
     """Samples from `rows` into `out` (the stage's temporary folder); returns tables, metrics and previews.
 

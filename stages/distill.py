@@ -24,7 +24,7 @@ from pipeline.distill import (
     DISTILLED_SCHEMA, PAIR_SCHEMA, PASS_RATE_SCHEMA, contaminated, eval_ngrams, histogram, in_window, outputs,
     select,
 )
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
 from pipeline.plots import bar_chart
 from pipeline.teacher import load_sampler
@@ -32,6 +32,7 @@ from pipeline.teacher import load_sampler
 EVAL_SPLITS = ("val", "test", "ood")
 
 
+@phase("sample the teacher")
 def run(cfg: DistillConfig, sampler, train_rows: list[dict], eval_rows: list[dict]) -> tuple[dict, dict]:
     """(tables by file name, metrics)."""
     index = eval_ngrams(eval_rows, cfg.ngram)

@@ -22,13 +22,14 @@ from pipeline import paths
 from pipeline.config import EvaluateConfig, TaskConfig, check_task_fit, load_section
 from pipeline.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
 from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.generation import LocalSampler, Sampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
 from pipeline import task as tasks
 from pipeline.plots import bar_chart
 
 
+@phase("evaluate")
 def run(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str, list[dict]],
         decoder: Decoder | None = None) -> tuple[dict, list[dict]]:
     """Generate and grade every split; returns (metrics by split, graded greedy records)."""

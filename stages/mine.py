@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from pipeline import paths
 from pipeline.config import MineConfig, load_section
 from pipeline.distill import PAIR_SCHEMA, histogram, select
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.mining import RL_SCHEMA, policy_pairs, rl_set
@@ -39,6 +39,7 @@ def pool(rows: list[dict], cfg: MineConfig) -> list[dict]:
     return sample_rows(rows, cfg.pool_size, random.Random(cfg.seed))
 
 
+@phase("sample the policy")
 def run(cfg: MineConfig, sampler, rows: list[dict]) -> tuple[dict, dict]:
     """(tables by file name, metrics)."""
     start = time.perf_counter()

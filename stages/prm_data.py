@@ -44,7 +44,7 @@ import pyarrow as pa
 from pipeline import paths
 from pipeline import task as tasks
 from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, check_task_fit, load_section
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.models import load_model
@@ -79,6 +79,7 @@ def gold_rows(cfg: PRMDataConfig, sampler, questions: list[dict]) -> list[dict]:
     return out
 
 
+@phase("label steps (MCTS)")
 def mcts_rows(cfg: PRMDataConfig, policy: StepPolicy, questions: list[dict]) -> list[dict]:
     """PROPA's MCTS per question; each leaf path with log_boost(Q) of every node on it."""
     prompts = [q["prompt"] for q in questions]
@@ -93,6 +94,7 @@ def mcts_rows(cfg: PRMDataConfig, policy: StepPolicy, questions: list[dict]) -> 
             for q, root in zip(questions, roots) for lines, qs in tree_paths(root)]
 
 
+@phase("label steps (Monte Carlo)")
 def mc_rows(cfg: PRMDataConfig, sampler, rollout: StepPolicy, questions: list[dict]) -> list[dict]:
     """Distinct sampled completions of each question, each step labelled by Monte-Carlo rollouts."""
     task = tasks.active()

@@ -32,7 +32,7 @@ from pathlib import Path
 from pipeline import paths
 from pipeline.config import DistillConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.drills import curve_log, train_rank_drill
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
 from pipeline.models import default_device, load_model, save_model
 from pipeline.task_data import gold_rows
@@ -97,6 +97,7 @@ def rank_drilled(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig
     return metrics
 
 
+@phase("train")
 def run(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, model, tokenizer, rows: list[dict],
         val_rows: list[dict], work_dir: Path, live_dir: Path, phase1: tuple[SFTConfig, list[dict]] | None = None,
         task_kind: str = "cof") -> dict:

@@ -22,7 +22,7 @@ from pipeline import paths
 from pipeline.cof.generate import generate_dataset
 from pipeline.cof.render import render_chart
 from pipeline.config import SynthesizeConfig, TaskConfig, load_section
-from pipeline.flows import expected_errors, run_stage, stage_logger
+from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_json, write_manifest, write_rows
 from pipeline.task import Task
 from pipeline.task_data import SPLITS, read_task_dataset
@@ -31,6 +31,7 @@ from pipeline.task_data import SPLITS, read_task_dataset
 NO_CHARTS = "No charts: task.kind is dataset, whose questions are text.\n"
 
 
+@phase("generate")
 def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
     if task_cfg.kind == "dataset":
         return from_dataset(task_cfg)

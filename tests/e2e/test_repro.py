@@ -93,6 +93,11 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     keys = {a["key"] for a in api_post(prefect_api, "artifacts/filter", {})}
     assert {"pipeline-metrics", "pipeline-metrics-diff", "pipeline-models", "pipeline-decoding",
             "pipeline-generalisation"} <= keys
+    # and inside each stage's flow run, its phases ran as tasks (`pipeline.flows.phase`)
+    for phase in ("generate", "drill", "load model", "train", "save model", "sample the teacher", "sample the policy",
+                  "evaluate"):
+        runs = api_post(prefect_api, "task_runs/filter", {"task_runs": {"name": {"like_": phase}}, "limit": 1})
+        assert runs and runs[0]["state_type"] == "COMPLETED", phase
 
 
 def test_second_repro_runs_nothing(repo):

@@ -54,3 +54,37 @@ def test_stage_processes_without_an_api_url_share_one_background_server(tmp_path
         time.sleep(0.2)
     else:
         raise AssertionError("the shared server still runs after --stop")
+
+
+PHASES = """
+from pipeline.flows import phase, run_stage
+from pipeline.io import InputError
+
+@phase("load")
+def load(rows):
+    return len(rows)
+
+@phase("check")
+def check(n):
+    if n > 2:
+        raise InputError(f"data/probe.parquet: {n} rows, at most 2")
+
+def body():
+    check(load([{"x": i} for i in range(3)]))
+
+run_stage("phases", body)
+"""
+
+
+def test_a_stage_s_phases_are_tasks_of_its_flow_run_and_a_failing_one_is_named(tmp_path, prefect_api):
+    """Each phase is a task run of the stage's flow run; a phase that fails for a reason (bad input) fails its
+    task and its flow with that message, the stage exits 2 naming the file, and no traceback is printed."""
+    proc = subprocess.run([sys.executable, "-c", PHASES], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env=venv_env(PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2 and "error: data/probe.parquet: 3 rows, at most 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (flow_run,) = [r for r in api_post(prefect_api, "flow_runs/filter", {"flows": {"name": {"any_": ["phases"]}}})]
+    assert flow_run["state_type"] == "FAILED" and "3 rows, at most 2" in flow_run["state"]["message"]
+    tasks = api_post(prefect_api, "task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}}})
+    states = {t["name"].rsplit("-", 1)[0]: t["state_type"] for t in tasks}
+    assert states == {"load": "COMPLETED", "check": "FAILED"}
