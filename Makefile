@@ -26,7 +26,7 @@ run: $(STAMP)
 	$(BIN)/python -m pipeline repro $(if $(PROFILE),--profile $(PROFILE))
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=30
 
 smoke: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not e2e"
