@@ -209,22 +209,22 @@ def test_dvc_exp_run_with_a_changed_param(repo, monkeypatch):
     assert re.search(r"^\| dpo \| [01]\.\d{3} \| [01]\.\d{3} \| [+-]\d\.\d{3} \| \[", table, re.M), table
 
 
-def test_a_queued_sweep_point_is_listed_and_compared(repo):
-    """`dvc exp run --queue -S`, then one queue worker: the experiment runs in the queue's temporary copy (nothing
-    outside the repository needed), `dvc exp show` lists it, and `report` compares it with the workspace. One
-    point: a second would run the same code again (the README's sweep has two)."""
-    dvc("exp", "run", "--queue", "-S", "dpo.beta=0.3", "-n", "beta-0.3", cwd=repo)
+def test_a_queued_two_point_sweep_is_listed_and_compared(repo):
+    """`dvc exp run --queue -S` twice, then one queue worker: both experiments run in the queue's temporary copies
+    (nothing outside the repository needed), `dvc exp show` lists both, and `report` compares the two."""
+    for beta in ("0.05", "0.3"):
+        dvc("exp", "run", "--queue", "-S", f"dpo.beta={beta}", "-n", f"beta-{beta}", cwd=repo)
     dvc("queue", "start", "-j", "1", cwd=repo)
     deadline = time.monotonic() + 600
     while re.search(r"\b(Queued|Running)\b", dvc("queue", "status", cwd=repo).stdout):
         assert time.monotonic() < deadline, dvc("queue", "status", cwd=repo).stdout
         time.sleep(2)
     status = dvc("queue", "status", cwd=repo).stdout
-    assert len(re.findall(r"\bSuccess\b", status)) == 1, status + dvc("queue", "logs", "beta-0.3", cwd=repo,
+    assert len(re.findall(r"\bSuccess\b", status)) == 2, status + dvc("queue", "logs", "beta-0.3", cwd=repo,
                                                                        check=False).stdout[-3000:]
     shown = json.dumps(json.loads(dvc("exp", "show", "--json", cwd=repo).stdout))
-    assert '"beta-0.3"' in shown and '"beta": 0.3' in shown
-    report = sh([sys.executable, "-m", "pipeline", "report", "--rev", "beta-0.3"], repo).stdout
+    assert '"beta-0.05"' in shown and '"beta-0.3"' in shown and '"beta": 0.3' in shown
+    report = sh([sys.executable, "-m", "pipeline", "report", "--rev", "beta-0.05", "--rev", "beta-0.3"], repo).stdout
     assert re.search(r"^\| dpo \| [01]\.\d{3} \| [01]\.\d{3} \| [+-]\d\.\d{3} \| \[", report, re.M), report
     assert re.search(r"^\| sft \| .*\| \+0\.000 \| \[\+0\.000, \+0\.000\]", report, re.M), report  # same sft
 
