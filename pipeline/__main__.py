@@ -85,6 +85,8 @@ def _repro_locked(args: argparse.Namespace) -> int:
     from pipeline.flows import expected_errors, prefect_server
 
     _note_dead_locks(runlock.release_dead_dvc_locks())  # a killed run's, which would stop dvc repro
+    for path in runlock.remove_dead_temporaries():
+        print(f"removed {path}, left by a killed stage", file=sys.stderr)
     _pass_sigterm_on()
     with expected_errors():
         from pipeline.config import validate_all

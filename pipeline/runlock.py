@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,3 +122,40 @@ def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
         if dropped:
             path.write_text(json.dumps(data))
     return sorted(dropped)
+
+
+# atomic_dir's and atomic_write_text's temporaries: `.<name>.tmp-<pid>-<random>`, `.<name>.old-<pid>`, `.<name>.<pid>-<random>`
+_TEMPORARY = re.compile(r"^\..+?\.(?:tmp-|old-)?(\d+)(?:-[^/]*)?$")
+
+
+def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots", "metrics"), depth: int = 3) -> list[Path]:
+    """Remove the temporary files and folders that killed stages left beside their outputs; the paths removed.
+
+    A stage that runs again cleans its own (`pipeline.io.atomic_dir`), but DVC may restore a killed stage's
+    outputs from its run-cache instead of running it, so the run sweeps them too. Only those whose process is
+    gone (or a zombie) go; a stage writing beside this run keeps its own.
+    """
+    import shutil
+
+    import psutil
+
+    removed = []
+    folders = [Path(r) for r in roots if Path(r).is_dir()]
+    for _ in range(depth):
+        deeper = []
+        for folder in folders:
+            for path in folder.iterdir():
+                match = _TEMPORARY.match(path.name) if path.name.startswith(".") else None
+                if match is None:
+                    if path.is_dir() and not path.name.startswith("."):
+                        deeper.append(path)
+                    continue
+                try:
+                    if psutil.Process(int(match.group(1))).status() != psutil.STATUS_ZOMBIE:
+                        continue
+                except psutil.Error:
+                    pass
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                removed.append(path)
+        folders = deeper
+    return removed
