@@ -200,12 +200,11 @@ def _pass_sigterm_on() -> None:
     import psutil
 
     def stop(signum: int, frame: object) -> None:
+        from pipeline.orchestrate import stop_tree
+
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for child in psutil.Process().children(recursive=True):
-            try:
-                child.terminate()
-            except psutil.Error:
-                pass
+        for child in psutil.Process().children():
+            stop_tree(child.pid)
         print(f"error: stopped by signal {signum}; what it was running was stopped too", file=sys.stderr)
         raise SystemExit(128 + signum)
 

@@ -87,6 +87,17 @@ def _write() -> None:
     fh.flush()  # type: ignore[union-attr]
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a killed process its dead parent left for init to reap,
+    which DVC's own check and `os.kill(pid, 0)` still count as running)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
     """Drop the entries of dead processes from DVC's `rwlock` file; the PIDs dropped.
 
@@ -94,7 +105,6 @@ def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
     too can linger as a zombie until init reaps it, which DVC counts as running: the next `dvc` then refuses
     with "is busy". Edited under DVC's own guard file, so a `dvc` running beside us is not disturbed.
     """
-    import psutil
     from dvc.lock import make_lock
 
     path = tmp / "rwlock"
@@ -109,11 +119,8 @@ def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
 
         def alive(info: dict) -> bool:
             pid = int(info.get("pid", 0))
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    return True
-            except psutil.Error:
-                pass
+            if running(pid):
+                return True
             dropped.add(pid)
             return False
 
@@ -137,8 +144,6 @@ def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots",
     """
     import shutil
 
-    import psutil
-
     removed = []
     folders = [Path(r) for r in roots if Path(r).is_dir()]
     for _ in range(depth):
@@ -150,11 +155,8 @@ def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots",
                     if path.is_dir() and not path.name.startswith("."):
                         deeper.append(path)
                     continue
-                try:
-                    if psutil.Process(int(match.group(1))).status() != psutil.STATUS_ZOMBIE:
-                        continue
-                except psutil.Error:
-                    pass
+                if running(int(match.group(1))):
+                    continue
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
                 removed.append(path)
         folders = deeper
