@@ -1,4 +1,4 @@
-# make run [PROFILE=name] | make test | make smoke | make bench | make server | make worker | make remote
+# make run [PROFILE=name] | make test | make test-slow | make smoke | make bench | make server | make worker | make remote
 # Each target builds .venv from scratch when it is missing or pyproject.toml changed.
 # PROFILE (profiles/<name>.yaml, or `default`) rewrites params.yaml before the run; unset, params.yaml runs as it is.
 PYTHON ?= python3
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Stage commands in dvc.yaml say `python -m stages.<name>`: the venv's python must come first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test smoke bench server worker remote clean
+.PHONY: install run test test-slow smoke bench server worker remote clean
 
 install: $(STAMP)
 
@@ -25,8 +25,12 @@ PROFILE ?=
 run: $(STAMP)
 	$(BIN)/python -m pipeline repro $(if $(PROFILE),--profile $(PROFILE))
 
+# `make test` stays within 15 minutes on 2 cores; the tests marked slow (more whole-DAG runs) are `make test-slow`.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests --durations=30
+	$(BIN)/python -m pytest tests -m "not slow" --durations=30
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest tests -m slow --durations=10
 
 smoke: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not e2e"

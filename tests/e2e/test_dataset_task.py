@@ -82,6 +82,7 @@ def make_repo(root, name: str, sets: list[str]):
     return folder
 
 
+@pytest.mark.slow  # the whole DAG on a dataset task and a second architecture (`make test-slow`)
 def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefect_api):
     data = tmp_path / "elsewhere" / "gsm8k"
     write_jsonl(data / "train.jsonl", generate(160, TRAIN_FRAMES, 0))

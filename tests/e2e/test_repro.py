@@ -56,6 +56,17 @@ def repo(tmp_path_factory, prefect_api):
     return folder
 
 
+@pytest.fixture
+def built(repo):
+    """The repository with every stage up to date: for a test that runs without the ones before it (`make
+    test-slow` selects the slow tests alone), the build they would have left."""
+    if json.loads(dvc("status", "--json", cwd=repo).stdout) != {}:
+        sh([sys.executable, "-m", "pipeline", "repro"], repo)
+        sh(["git", "add", "-A"], repo)
+        sh(["git", "commit", "-qm", "built"], repo)  # the queue's experiments start from a commit
+    return repo
+
+
 def test_repro_builds_everything(repo, prefect_api, tmp_path):
     imports = tmp_path / "imports.jsonl"
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo, PIPELINE_IMPORT_LOG=str(imports))
@@ -125,6 +136,39 @@ def test_forced_reruns_of_data_and_training_stages_write_the_same_outputs(repo):
     assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
 
 
+def test_sft_and_evaluate_killed_mid_stage_then_the_next_run_finishes(repo, tmp_path):
+    """The fault suite's killed stage (tests/faults/test_killed_stage.py) for sft and evaluate, here where their
+    upstream is built: a new sft learning rate, a run killed as models/sft is about to be put in place, one killed
+    as evaluate@sft's predictions are, then a run that finishes. Back at the old learning rate, DVC's run-cache
+    restores every output as it was: the killed runs corrupted nothing."""
+    from tests.faults.test_killed_stage import killed_repro, stale
+
+    lock = (repo / "dvc.lock").read_text()
+    original = yaml.safe_load((repo / "params.yaml").read_text())
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["sft"]["learning_rate"] = 0.0025
+    write_params(repo, params)
+    killed_repro(repo, "sft", "commit:models/sft", tmp_path / "home")
+    assert list((repo / "models").glob(".sft.tmp-*")) and "sft" in stale(repo, "sft")
+
+    killed_repro(repo, "evaluate@sft", "commit:data/evaluate/sft", tmp_path / "home")
+    assert not list((repo / "models").glob(".sft.tmp-*")), "the next run removed the killed run's folder"
+    assert "up to date" in stale(repo, "sft")
+    assert list((repo / "data/evaluate").glob(".sft.tmp-*")) and "evaluate@sft" in stale(repo, "evaluate@sft")
+
+    proc = sh([sys.executable, "-m", "pipeline", "repro", "evaluate@sft"], repo)
+    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft"]  # what the killed runs finished stays done
+    assert not list((repo / "data/evaluate").glob(".sft.tmp-*"))
+    assert "up to date" in stale(repo, "evaluate@sft")
+
+    write_params(repo, original)
+    proc = sh([sys.executable, "-m", "pipeline", "repro"], repo)
+    out = proc.stdout + proc.stderr
+    assert ran_stages(out) == [] and "is cached - skipping run, checking out outputs" in out
+    assert (repo / "dvc.lock").read_text() == lock
+    assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
+
+
 def test_switching_profile_reruns_exactly_what_changed_and_switching_back_runs_nothing(repo):
     """A profile extending `tiny` with other sft_extended and DPO settings: exactly those two are stale; the run
     re-runs them and what depends on them; `--profile tiny` then restores every output from DVC's run-cache."""
@@ -148,16 +192,29 @@ def test_switching_profile_reruns_exactly_what_changed_and_switching_back_runs_n
     (repo / "profiles/tiny_variant.yaml").unlink()
 
 
-def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(repo, monkeypatch):
+def sft_param_changed(repo) -> None:
+    """sft.learning_rate 0.003 -> 0.002: sft and sft_extended (which trains with sft's settings) declare the param;
+    the rest becomes stale when models/sft changes."""
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["sft"]["learning_rate"] = 0.002
     write_params(repo, params)
-    # sft and sft_extended (which trains with sft's settings) declare the param; the rest becomes stale
-    # when models/sft changes.
     status = json.loads(dvc("status", "--json", cwd=repo).stdout)
     assert sorted(status) == ["sft", "sft_extended"]
     dry = dvc("repro", "--dry", cwd=repo)
     assert ran_stages(dry.stdout + dry.stderr) == ["sft", "sft_extended"]
+
+
+def test_changing_an_sft_param_makes_exactly_sft_and_sft_extended_stale(repo):
+    original = yaml.safe_load((repo / "params.yaml").read_text())
+    sft_param_changed(repo)
+    write_params(repo, original)
+    assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
+
+
+@pytest.mark.slow  # re-runs 13 stages; the killed-sft test above re-runs sft and its evaluation in `make test`
+def test_changing_an_sft_param_reruns_exactly_sft_and_dependents(built, monkeypatch):
+    repo = built
+    sft_param_changed(repo)
     base_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["base"]
     proc = dvc("repro", cwd=repo)
     assert ran_stages(proc.stdout + proc.stderr) == AFTER_SFT  # not synthesize, animate, base, teacher or distill
@@ -187,7 +244,7 @@ def test_params_split_between_stages(repo):
 
 def test_changing_a_dpo_param_reruns_dpo_only(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["dpo"]["beta"] = 0.2
+    params["dpo"]["beta"] = 0.15  # not 0.2: the profile-switch test left that in the run-cache
     write_params(repo, params)
     proc = dvc("repro", cwd=repo)
     assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo", "report"]
@@ -196,7 +253,7 @@ def test_changing_a_dpo_param_reruns_dpo_only(repo):
 def test_dvc_exp_run_with_a_changed_param(repo, monkeypatch):
     """`dvc exp run -S` runs an experiment and `dvc exp show` lists its metrics beside the baseline."""
     sh(["git", "add", "-A"], repo)
-    sh(["git", "commit", "-qm", "lr 0.002, dpo beta 0.2"], repo)
+    sh(["git", "commit", "-qm", "dpo beta 0.15"], repo)
     proc = dvc("exp", "run", "-S", "dpo.learning_rate=0.0001", "-n", "dpo-lr", cwd=repo)
     assert ran_stages(proc.stdout + proc.stderr) == ["dpo", "evaluate@dpo", "report"]
     shown = json.dumps(json.loads(dvc("exp", "show", "--json", cwd=repo).stdout))  # normalised spacing
@@ -209,9 +266,11 @@ def test_dvc_exp_run_with_a_changed_param(repo, monkeypatch):
     assert re.search(r"^\| dpo \| [01]\.\d{3} \| [01]\.\d{3} \| [+-]\d\.\d{3} \| \[", table, re.M), table
 
 
-def test_a_queued_two_point_sweep_is_listed_and_compared(repo):
+@pytest.mark.slow  # two queued experiments, each in a copy of the repository
+def test_a_queued_two_point_sweep_is_listed_and_compared(built):
     """`dvc exp run --queue -S` twice, then one queue worker: both experiments run in the queue's temporary copies
     (nothing outside the repository needed), `dvc exp show` lists both, and `report` compares the two."""
+    repo = built
     for beta in ("0.05", "0.3"):
         dvc("exp", "run", "--queue", "-S", f"dpo.beta={beta}", "-n", f"beta-{beta}", cwd=repo)
     dvc("queue", "start", "-j", "1", cwd=repo)
@@ -245,26 +304,3 @@ def test_the_default_remote_beside_the_repository_carries_the_outputs_to_a_fresh
     dvc("pull", cwd=clone)
     assert (clone / "models/sft/model.safetensors").exists() and (clone / "data/mine/rl.parquet").exists()
     assert ran_stages(dvc("repro", "--dry", cwd=clone).stdout) == []
-
-
-def test_sft_and_evaluate_killed_mid_stage_then_the_next_run_finishes(repo, tmp_path):
-    """The fault suite's killed stage (tests/faults/test_killed_stage.py) for sft and evaluate, here where their
-    upstream is built: a new sft learning rate, a run killed as models/sft is about to be put in place, one killed
-    as evaluate@sft's predictions are, then a run that finishes. Last in this module: it leaves other stages stale."""
-    from tests.faults.test_killed_stage import killed_repro, stale
-
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["sft"]["learning_rate"] = 0.0025
-    write_params(repo, params)
-    killed_repro(repo, "sft", "commit:models/sft", tmp_path / "home")
-    assert list((repo / "models").glob(".sft.tmp-*")) and "sft" in stale(repo, "sft")
-
-    killed_repro(repo, "evaluate@sft", "commit:data/evaluate/sft", tmp_path / "home")
-    assert not list((repo / "models").glob(".sft.tmp-*")), "the next run removed the killed run's folder"
-    assert "up to date" in stale(repo, "sft")
-    assert list((repo / "data/evaluate").glob(".sft.tmp-*")) and "evaluate@sft" in stale(repo, "evaluate@sft")
-
-    proc = sh([sys.executable, "-m", "pipeline", "repro", "evaluate@sft"], repo)
-    assert ran_stages(proc.stdout + proc.stderr) == ["evaluate@sft"]  # what the killed runs finished stays done
-    assert not list((repo / "data/evaluate").glob(".sft.tmp-*"))
-    assert "up to date" in stale(repo, "evaluate@sft")
