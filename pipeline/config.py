@@ -763,6 +763,27 @@ class TaskConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """`lora`: low-rank adapters (PEFT's LoRA) instead of full fine-tuning, for the stages switched on here."""
+
+    sft: bool = Field(False, description="sft trains an adapter on models/base (its drills and logit distillation "
+                      "train the adapter too)")
+    grpo: bool = Field(False, description="grpo trains an adapter on models/sft (its KL reference: the adapter off)")
+    dpo: bool = Field(False, description="dpo trains an adapter on models/sft (its reference: the adapter off)")
+    r: int = Field(16, ge=1, description="rank of each adapter")
+    alpha: float = Field(32.0, gt=0, description="scaling: the update is (alpha / r) * B A")
+    dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names that get an adapter (e.g. [q_proj, v_proj]); all-linear: every "
+        "linear layer but the output head")
+    save: Literal["merged", "adapter"] = Field(
+        "merged", description="merged: the adapter folded into full weights (any loader reads them); adapter: the "
+        "adapter's weights alone in models/<stage>, naming its base folder, which every later stage loads beneath it")
+
+    def on(self, stage: str) -> bool:
+        return bool(getattr(self, stage))
+
+
 class ReproConfig(Section):
     """`repro`: how runs execute. No stage declares this section among its DVC params, so changing it re-runs nothing (`dvc repro -f -s <stage>` does)."""
 
@@ -795,6 +816,7 @@ SECTIONS: dict[str, type[Section]] = {
     "prm": PRMConfig,
     "evaluate": EvaluateConfig,
     "animate": AnimateConfig,
+    "lora": LoraConfig,
     "repro": ReproConfig,
 }
 

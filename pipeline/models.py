@@ -8,6 +8,7 @@ causal LM built from a config.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -155,6 +156,21 @@ def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
     return out
 
 
+def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
+    """The causal LM in `path` (on the CPU). A LoRA adapter folder (`lora.save: adapter`) loads its base (the
+    folder its adapter_config.json names, itself possibly an adapter) and folds the adapter into it."""
+    adapter = Path(path) / "adapter_config.json"
+    if not adapter.is_file():
+        return AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs(dtype))
+    from peft import PeftModel
+
+    base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():  # the pipeline's adapters sit on its own model folders, never a Hub id
+        raise FileNotFoundError(f"{adapter}: base_model_name_or_path {base!r} is not a model folder here (an adapter "
+                                "loads beneath its base; run from the repository root, with the base's stage built)")
+    return PeftModel.from_pretrained(load_weights(base, dtype), str(path)).merge_and_unload()
+
+
 @phase("load model")
 def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
     """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1).
@@ -166,7 +182,7 @@ def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device:
     path = str(path)
     try:
         tokenizer = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **load_kwargs(dtype))
+        model = load_weights(path, dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # missing, truncated or corrupted files
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
     model.to(device or default_device())

@@ -315,11 +315,9 @@ def prm_from_policy(path: Path | str, extra_layers: int = 0):
     identity (its attention and MLP outputs zeroed), so the untrained PRM reads
     exactly as the policy does and training decides what the new depth adds.
     """
-    from transformers import AutoModelForCausalLM
+    from pipeline.models import load_weights
 
-    from pipeline.models import load_kwargs
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs())
+    model = load_weights(path)
     if extra_layers:
         model = _deepened(model, extra_layers)
     setattr(model.config, PRM_MARK, "next_token")

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline import paths
-from pipeline.config import DPOStageConfig, load_section
+from pipeline import lora, paths
+from pipeline.config import DPOStageConfig, LoraConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import load_model, save_model
+from pipeline.models import load_model
 from pipeline.training import dpo_train
 
 PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")], "distill": [paths.split_file("pairs", stage="distill")]}
 PAIR_FILES["both"] = PAIR_FILES["mine"] + PAIR_FILES["distill"]
 
 
-def _flow(cfg: DPOStageConfig) -> None:
+def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
     files = PAIR_FILES[cfg.pairs]
     pairs = [row for f in files for row in read_rows(f, required=("prompt", "chosen", "rejected", "source"))]
     model, tokenizer = load_model(paths.model_dir("sft"))
+    model = lora.wrap(model, lora_cfg, "dpo") if pairs else model
     with atomic_dir(paths.model_dir("dpo")) as out, atomic_dir(paths.live_dir("dpo")) as live:
         if pairs:
             metrics = {"source": cfg.pairs, **dpo_train(cfg, model, tokenizer, pairs, out / ".trainer", live)}
@@ -34,18 +35,20 @@ def _flow(cfg: DPOStageConfig) -> None:
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))
             metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0}
+        metrics.update(lora.summary(model, lora_cfg))
         stage_logger().info("dpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
-        save_model(model, tokenizer, out)
+        lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir("sft"))
         write_manifest(out, "dpo", cfg, inputs=[paths.model_dir("sft"), *files], name=paths.MODEL_MANIFEST,
-                       metrics=metrics)
+                       metrics=metrics, **lora.manifest(lora_cfg, "dpo"))
     write_json(paths.metrics_file("dpo"), metrics)
 
 
 def main() -> None:
     with expected_errors():
         cfg = load_section("dpo", DPOStageConfig)
-    run_stage("dpo", _flow, cfg)
+        lora_cfg = load_section("lora", LoraConfig)
+    run_stage("dpo", _flow, cfg, lora_cfg)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline import paths
-from pipeline.config import GRPOStageConfig, RewardsConfig, load_section
+from pipeline import lora, paths
+from pipeline.config import GRPOStageConfig, LoraConfig, RewardsConfig, load_section
 from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import load_model, save_model
+from pipeline.models import load_model
 from pipeline.rl import RL_COLUMNS, rl_train, success_amplification
 
 RL_SET = paths.split_file("rl", stage="mine")
@@ -45,24 +45,26 @@ def success_after(cfg: GRPOStageConfig, model, tokenizer, pool: list[dict]) -> d
             "p_after": after["sampled_accuracy"]}
 
 
-def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig) -> None:
+def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) -> None:
     rows = read_rows(RL_SET, required=RL_COLUMNS)
     if not rows:
         raise InputError(f"{RL_SET}: no prompts to train on (mine.repeat_* exclude every bucket?)")
     pool = read_rows(POOL, required=("prompt", "answer", "answer_type", "pass_rate"))
     p0 = sum(r["pass_rate"] for r in pool) / max(len(pool), 1)
     model, tokenizer = load_model(paths.model_dir("sft"))
+    model = lora.wrap(model, lora_cfg, "grpo")
     with atomic_dir(paths.model_dir("grpo")) as out, atomic_dir(paths.live_dir("grpo")) as live:
         metrics = rl_train(cfg, rewards, model, tokenizer, rows, out / ".trainer", live)
         # The theory's yardstick: binary-reward GRPO from p0 with KL weight beta converges to p*.
         metrics["p0"] = round(p0, 4)
         metrics["p_star"] = round(success_amplification(p0, cfg.beta), 4) if cfg.beta > 0 else 1.0
         metrics.update(success_after(cfg, model, tokenizer, pool))
+        metrics.update(lora.summary(model, lora_cfg))
         stage_logger().info("grpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
-        save_model(model, tokenizer, out)
+        lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir("sft"))
         write_manifest(out, "grpo", cfg, inputs=[paths.model_dir("sft"), RL_SET], name=paths.MODEL_MANIFEST,
-                       metrics=metrics, rewards=rewards.model_dump(mode="json"))
+                       metrics=metrics, rewards=rewards.model_dump(mode="json"), **lora.manifest(lora_cfg, "grpo"))
     write_json(paths.metrics_file("grpo"), metrics)
 
 
@@ -70,7 +72,8 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("grpo", GRPOStageConfig)
         rewards = load_section("rewards", RewardsConfig)
-    run_stage("grpo", _flow, cfg, rewards)
+        lora_cfg = load_section("lora", LoraConfig)
+    run_stage("grpo", _flow, cfg, rewards, lora_cfg)
 
 
 if __name__ == "__main__":

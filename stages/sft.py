@@ -29,12 +29,13 @@ import random
 import shutil
 from pathlib import Path
 
-from pipeline import paths
-from pipeline.config import DistillConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, TaskConfig, load_section
+from pipeline import lora, paths
+from pipeline.config import (DistillConfig, LoraConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, TaskConfig,
+                             load_section)
 from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
-from pipeline.models import default_device, load_model, save_model
+from pipeline.models import default_device, load_model
 from pipeline.task_data import gold_rows
 from pipeline.training import logit_distill, sft_train
 
@@ -136,7 +137,8 @@ def run(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, model, 
     return metrics
 
 
-def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -> None:
+def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_cfg: TaskConfig,
+          lora_cfg: LoraConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
     rows, files = training_rows(cfg.source, cfg.rationale_share)  # fail on a missing input before loading anything
@@ -144,20 +146,22 @@ def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_
     if cfg.mix > 0:
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"))
+    model = lora.wrap(model, lora_cfg, "sft")
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
         metrics = run(cfg, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
                       (train_cfg, mixed), task_cfg.kind)
         metrics["train_rows"] = len(rows)
         if cfg.mix > 0:
             metrics["temporal_rows"] = temporal
+        metrics.update(lora.summary(model, lora_cfg))
         stage_logger().info("sft: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
-        save_model(model, tokenizer, out)
+        lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir("base"))
         inputs = [paths.model_dir("base"), *files, val_file] + ([HARD] if cfg.curriculum else [])
         if cfg.rank_drill.replay and paths.split_file("train") not in inputs:
             inputs.append(paths.split_file("train"))
         write_manifest(out, "sft", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics,
-                       distill_method=distill.method)
+                       distill_method=distill.method, **lora.manifest(lora_cfg, "sft"))
     write_json(paths.metrics_file("sft"), metrics)
 
 
@@ -167,7 +171,8 @@ def main() -> None:
         distill = load_section("distill", DistillConfig)
         synth = load_section("synthesize", SynthesizeConfig)
         task_cfg = load_section("task", TaskConfig)
-    run_stage("sft", _flow, cfg, distill, synth, task_cfg)
+        lora_cfg = load_section("lora", LoraConfig)
+    run_stage("sft", _flow, cfg, distill, synth, task_cfg, lora_cfg)
 
 
 if __name__ == "__main__":

@@ -612,3 +612,52 @@ def test_transformers_teacher_references_a_saved_model(workspace, monkeypatch):
     assert ours["teacher"] == str(saved)
     assert {k: ours[k] for k in ("acceptance_rate", "pass_rate_histogram", "traces_kept")} == {
         k: theirs[k] for k in ("acceptance_rate", "pass_rate_histogram", "traces_kept")}
+
+
+def test_lora_trains_only_adapters_in_sft_grpo_and_dpo_and_evaluate_loads_them(workspace):
+    """`lora`: sft saves its adapter beside models/base (which keeps its bytes), grpo an adapter on that adapter,
+    dpo a merged model whose linear weights moved by a rank-r update and whose embeddings did not; evaluate
+    loads the adapter chain. Last in the module: models/sft is an adapter afterwards."""
+    import yaml
+
+    from pipeline.distill import PAIR_SCHEMA
+    from pipeline.io import write_rows
+    from stages import dpo, evaluate, grpo, sft
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    base_bytes = (paths.model_dir("base") / "model.safetensors").read_bytes()
+    gold = read_rows(paths.split_file("train"))[:8]
+    write_rows(paths.split_file("pairs", "mine"), [  # as in the DPO test: gold against a wrong final answer
+        {"id": g["id"], "prompt": g["prompt"], "chosen": g["rationale"], "source": "policy",
+         "rejected": g["rationale"].rsplit("Answer:", 1)[0] + "Answer: 12345"} for g in gold], schema=PAIR_SCHEMA)
+    r = 2
+    try:
+        write_params(Path("."), {**params, "lora": {"sft": True, "grpo": True, "dpo": True, "r": r, "save": "adapter"}})
+        sft.main()
+        grpo.main()
+        write_params(Path("."), {**params, "lora": {"dpo": True, "r": r, "save": "merged"}})
+        dpo.main()
+        evaluate.main(["--model", "grpo"])
+    finally:
+        write_params(Path("."), params)
+    assert (paths.model_dir("base") / "model.safetensors").read_bytes() == base_bytes
+    for stage, on in (("sft", "models/base"), ("grpo", "models/sft")):
+        folder = paths.model_dir(stage)
+        assert not (folder / "model.safetensors").exists()
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == on
+        adapter = load_file(folder / "adapter_model.safetensors")
+        assert adapter and all("lora_" in k for k in adapter)
+        # B starts at zero: trained, every B moved
+        assert all(adapter[k].abs().sum() > 0 for k in adapter if "lora_B" in k), stage
+        metrics = json.loads(paths.metrics_file(stage).read_text())
+        assert 0 < metrics["lora"]["trainable_parameters"] < metrics["lora"]["parameters"] / 2, metrics["lora"]
+    assert json.loads(paths.eval_metrics_file("grpo").read_text())["questions"] > 0
+
+    from pipeline.models import load_weights
+
+    policy = load_weights(paths.model_dir("sft")).state_dict()  # the sft adapter folded into the base
+    merged = load_file(paths.model_dir("dpo") / "model.safetensors")
+    assert json.loads(paths.metrics_file("dpo").read_text())["lora"]["save"] == "merged"
+    assert torch.equal(merged["model.embed_tokens.weight"], policy["model.embed_tokens.weight"])
+    update = merged["model.layers.0.self_attn.q_proj.weight"] - policy["model.layers.0.self_attn.q_proj.weight"]
+    assert 0 < torch.linalg.matrix_rank(update, atol=1e-6) <= r

@@ -1,0 +1,73 @@
+"""LoRA (PEFT) for the sft, grpo and dpo stages: wrap the loaded model, train it as usual, save it as params say.
+
+    model = lora.wrap(model, cfg, "grpo")           # a PeftModel when lora.grpo is on, else `model` itself
+    ...                                            # the TRL trainer trains the adapter alone
+    lora.save(model, tokenizer, out, cfg, base=paths.model_dir("sft"))
+
+`lora.save: merged` folds the adapter into full weights, so the folder is an ordinary model. `adapter` keeps only
+the adapter (adapter_config.json, adapter_model.safetensors, the tokenizer) and names its base folder;
+`pipeline.models.load_model` loads the base beneath it (recursively: an adapter may sit on an adapter's folder).
+The base path is written relative to the repository root, as `pipeline.paths` names it, so a clone or a DVC
+remote carries it; the stage that trained the adapter depends on that base, so DVC re-runs it when the base
+changes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.config import LoraConfig
+from pipeline.models import save_model
+
+
+def is_adapter(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def wrap(model, cfg: LoraConfig, stage: str):
+    """`model` with a fresh LoRA adapter (its own weights frozen) when `lora.<stage>` is on; else `model`."""
+    if not cfg.on(stage):
+        return model
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    config = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                            target_modules=cfg.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def manifest(cfg: LoraConfig, stage: str) -> dict:
+    """The manifest's record of the adapter settings when `stage` trains one (nothing otherwise)."""
+    return {"lora": cfg.model_dump(mode="json")} if cfg.on(stage) else {}
+
+
+def summary(model, cfg: LoraConfig) -> dict:
+    """The stage metrics' record of a trained adapter: how it is saved and how many weights it trained."""
+    if not is_adapter(model):
+        return {}
+    return {"lora": {"save": cfg.save, "r": cfg.r,
+                     "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                     "parameters": sum(p.numel() for p in model.parameters())}}
+
+
+def save(model, tokenizer, folder: Path, cfg: LoraConfig, base: Path):
+    """Save `model` into `folder` (merged or as an adapter on `base` when it is a PeftModel); the model to go on
+    with (merged: the plain model the adapter was folded into)."""
+    if not is_adapter(model):
+        save_model(model, tokenizer, folder)
+        return model
+    if cfg.save == "merged":
+        merged = model.merge_and_unload()
+        save_model(merged, tokenizer, folder)
+        return merged
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    config_file = Path(folder) / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = str(base)  # relative to the repository root, where every stage runs
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return model
