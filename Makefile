@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/prm_scoring.py
 	$(BIN)/python bench/prm_wide_vocab.py --paths 128 --repeats 1
 	$(BIN)/python bench/animate.py
+	$(BIN)/python bench/launch_sft.py
 
 server: $(STAMP)
 	$(BIN)/prefect server start --host 127.0.0.1

@@ -784,6 +784,45 @@ class LoraConfig(Section):
         return bool(getattr(self, stage))
 
 
+TrainingStage = Literal["teacher", "sft", "sft_extended", "grpo", "dpo", "prm"]
+
+
+class LaunchOverride(Section):
+    """`launch.stages.<stage>`: that training stage's own process count or accelerate config."""
+
+    num_processes: int | None = Field(None, ge=1, description="processes for this stage (null: launch.num_processes)")
+    config_file: str | None = Field(None, min_length=1, description="accelerate config for this stage (null: "
+                                    "launch.config_file)")
+
+
+class LaunchConfig(Section):
+    """`launch`: how the training stages (teacher, sft, sft_extended, grpo, dpo, prm) run: one process, or several
+    through `accelerate launch` (pipeline/launch.py). No stage declares this section among its DVC params, so
+    changing it re-runs nothing (`dvc repro -f -s <stage>` does); each process gets per_device_train_batch_size
+    rows a step, so N processes train on N times the batch."""
+
+    num_processes: int = Field(1, ge=1, description="processes in all, over every machine (one per GPU; on a CPU, "
+                               "at most one per core, with gloo): more than 1 starts the ranks through accelerate")
+    config_file: str | None = Field(
+        None, min_length=1, description="an accelerate config file (configs/accelerate/: ddp.yaml, fsdp.yaml, "
+        "deepspeed_zero2.yaml, deepspeed_zero3.yaml); null: DDP (gloo on CPU)")
+    num_machines: int = Field(1, ge=1, description="machines taking part (multi-node: run the stage on each)")
+    machine_rank: int = Field(0, ge=0, description="this machine's rank (0: the one that runs DVC and writes the "
+                              "outputs)")
+    main_process_ip: str | None = Field(None, min_length=1, description="multi-node: the address of machine 0")
+    main_process_port: int | None = Field(None, ge=1, le=65535, description="multi-node: a free port on machine 0")
+    stages: dict[TrainingStage, LaunchOverride] = Field(
+        default_factory=dict, description="per-stage overrides, e.g. {grpo: {num_processes: 4}}")
+
+    @model_validator(mode="after")
+    def _machines(self) -> "LaunchConfig":
+        if self.machine_rank >= self.num_machines:
+            raise ValueError(f"machine_rank: {self.machine_rank} must be below num_machines ({self.num_machines})")
+        if self.num_machines > 1 and (self.main_process_ip is None or self.main_process_port is None):
+            raise ValueError("main_process_ip and main_process_port: needed when num_machines > 1")
+        return self
+
+
 class ReproConfig(Section):
     """`repro`: how runs execute. No stage declares this section among its DVC params, so changing it re-runs nothing (`dvc repro -f -s <stage>` does)."""
 
@@ -817,6 +856,7 @@ SECTIONS: dict[str, type[Section]] = {
     "evaluate": EvaluateConfig,
     "animate": AnimateConfig,
     "lora": LoraConfig,
+    "launch": LaunchConfig,
     "repro": ReproConfig,
 }
 
@@ -908,6 +948,11 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
+    from pipeline import launch  # this machine's GPUs or cores against each training stage's processes
+
+    for stage in launch.TRAINING_STAGES:
+        if (plan := launch.plan_for(stage, sections["launch"])) is not None:
+            launch.check(plan)
     return sections
 
 

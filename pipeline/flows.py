@@ -63,7 +63,19 @@ def expected_errors() -> Iterator[None]:
 
 
 def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
-    """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message."""
+    """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message.
+
+    A training stage that `launch` spreads over several processes runs them instead, as the flow's one task
+    (`pipeline.launch`); each of those ranks runs `body` here again, without a flow (`_run_rank`)."""
+    from pipeline import launch
+
+    if launch.in_rank():
+        return _run_rank(name, body, *args)
+    with expected_errors():
+        plan = launch.plan_for(os.environ.get("DVC_STAGE", name))
+        if plan is not None:
+            launch.check(plan)  # before any work: this machine's GPUs or cores, the accelerate config
+            body, args = _launched, (plan,)
     if not os.environ.get("PREFECT_API_URL") and os.environ.get(SHARED_SERVER_SWITCH, "1") != "0":
         if "prefect" in sys.modules:
             raise RuntimeError("run_stage: Prefect was imported before the shared server's URL was set")
@@ -100,6 +112,28 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+def _run_rank(name: str, body: Callable[..., Any], *args: Any) -> Any:
+    """One rank of a launched stage: `body` as a plain call, its log lines marked with the rank; rank 0 (the one
+    that wrote the outputs) then removes the run's checkpoints."""
+    import logging
+
+    from pipeline.io import rank
+
+    logging.basicConfig(level=logging.INFO, format=f"[{name} rank {rank()}] %(message)s", stream=sys.stderr)
+    with expected_errors():
+        out = body(*args)
+    if rank() == 0 and "pipeline.checkpoints" in sys.modules:
+        sys.modules["pipeline.checkpoints"].stage_completed()
+    return out
+
+
+def _launched(plan: Any) -> None:
+    """The flow's body for a launched stage: start the ranks and wait, their output in the flow's log."""
+    from pipeline import launch
+
+    phase("launch ranks")(launch.run_ranks)(plan)
+
+
 def _is_expected(exc: BaseException) -> bool:
     """Bad params or input, a full disk, a stage that names why it failed: `expected_errors` turns each into a
     message and an exit code; none is a crash."""
@@ -120,6 +154,8 @@ def _die_on_sigterm(name: str) -> None:
     def terminate(signum: int, frame: Any) -> None:
         print(f"error: stage {name} stopped by signal {signum}; its output was not written", file=sys.stderr,
               flush=True)
+        if "pipeline.launch" in sys.modules:  # a launched stage's ranks stop with it
+            sys.modules["pipeline.launch"].stop()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)

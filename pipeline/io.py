@@ -33,6 +33,24 @@ class StageFailed(Exception):
     """The stage cannot complete for a reason it names (training diverged): exit 1 with the message alone."""
 
 
+def rank() -> int:
+    """This process's global rank when `accelerate launch` (torchrun) started it, else 0. Only rank 0 writes a
+    stage's outputs, metrics and manifests (pipeline/launch.py)."""
+    return int(os.environ.get("RANK") or 0)
+
+
+# A rank other than 0: the throwaway folders that stand in for its atomic_dir outputs (it writes there alone).
+_stand_ins: list[Path] = []
+
+
+def _writes(path: Path | str) -> bool:
+    """Does this process write `path`? Rank 0 writes everything; another rank only inside its stand-in folders."""
+    if rank() == 0:
+        return True
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(folder) for folder in _stand_ins)
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path | str) -> Iterator[Path]:
     """Yield an empty temporary folder beside `final`; replace `final` with it on success.
@@ -40,8 +58,18 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
     On an exception the temporary folder is removed and `final` is left as it was. A process killed
     before the end leaves its folder behind, named with its PID: the next `atomic_dir` for `final`
     removes it once that process is gone. A full disk raises `DiskFull`, naming `final` and the file.
+    A rank other than 0 gets a throwaway folder outside the project instead, removed at the end.
     """
     final = Path(final)
+    if rank() != 0:
+        stand_in = Path(tempfile.mkdtemp(prefix=f"pipeline-rank{rank()}-{final.name}-")).resolve()
+        _stand_ins.append(stand_in)
+        try:
+            yield stand_in
+        finally:
+            _stand_ins.remove(stand_in)
+            shutil.rmtree(stand_in, ignore_errors=True)
+        return
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(final.parent, (f".{final.name}.tmp-", f".{final.name}.old-"))
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
@@ -101,7 +129,9 @@ def _alive(pid: int) -> bool:
 
 def atomic_write_text(path: Path | str, text: str) -> None:
     """Write a file through a temporary sibling and os.replace (atomic on POSIX): a failed or killed write
-    leaves the old file as it was."""
+    leaves the old file as it was. Not written on a rank other than 0 (outside its stand-in folders)."""
+    if not _writes(path):
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path.parent, (f".{path.name}.",))
@@ -146,7 +176,10 @@ def read_json(path: Path | str) -> Any:
 
 
 def write_rows(path: Path | str, rows: Sequence[dict], schema: pa.Schema | None = None) -> None:
-    """Rows to parquet. Same rows give the same bytes (no timestamps in parquet metadata)."""
+    """Rows to parquet. Same rows give the same bytes (no timestamps in parquet metadata). Not written on a rank
+    other than 0 (outside its stand-in folders)."""
+    if not _writes(path):
+        return
     table = pa.Table.from_pylist(list(rows), schema=schema)
     if faults.armed(f"write:{path}") == "enospc":  # the fault suite's full disk: half the bytes, then the error
         sink = pa.BufferOutputStream()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -91,6 +92,10 @@ class GuidedRollout:
         out = list(completion_ids)
         replayed = 0
         for start in range(0, len(prompts), self.g):
+            if any(p != prompts[start] for p in prompts[start : start + self.g]):
+                # TRL keeps a prompt's G rollouts together on one rank when the per-process batch is a
+                # multiple of G (grpo_args makes it so); a split group could not be judged here
+                raise RuntimeError(f"guided replay: rollouts {start}..{start + self.g - 1} are not one prompt's group")
             row = self.gold[chat.question(prompts[start])]
             group = texts[start : start + self.g]
             accuracy = sum(is_correct(t, row["answer"], row["answer_type"]) for t in group) / len(group)
@@ -199,7 +204,9 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
     if tbrm:
         grpo.num_generations = 1
         grpo.per_device_train_batch_size = cfg.prompts_per_step * cfg.num_generations  # equal rollouts per step
-        grpo.generation_batch_size = grpo.per_device_train_batch_size * grpo.steps_per_generation
+        # over every process of a launched run (torchrun's WORLD_SIZE), as TRL derives it itself
+        grpo.generation_batch_size = (grpo.per_device_train_batch_size * grpo.steps_per_generation
+                                      * int(os.environ.get("WORLD_SIZE") or 1))
     return grpo
 
 
@@ -234,7 +241,7 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         "algorithm": cfg.algorithm,
         "steps": result.global_step,
         "prompts": len(rows),
-        "rollouts": result.global_step * trainer.args.per_device_train_batch_size,
+        "rollouts": result.global_step * trainer.args.per_device_train_batch_size * trainer.accelerator.num_processes,
         "train_seconds": round(seconds, 1),
         "seconds_per_step": round(seconds / max(result.global_step, 1), 3),
         # prompt and completion tokens of every rollout (TRL's count), and what they cost in token passes
@@ -247,7 +254,18 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         "accuracy_reward_last": round(last.get("rewards/accuracy/mean", float("nan")), 4),
         "kl_last": round(last.get("kl", 0.0), 5),
         "weights_changed": round(weights_changed(before, model), 3),
+        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
     }
     if rollout.replay:
-        metrics["guided_replay"] = dict(rollout.stats)
+        metrics["guided_replay"] = summed_over_ranks(trainer, rollout.stats)
     return metrics
+
+
+def summed_over_ranks(trainer, counts: Counter) -> dict[str, int]:
+    """`counts` (each rank's own: its share of the groups) added up over the ranks of a launched run."""
+    keys = ("groups", "replayed_groups", "replayed_samples")
+    if trainer.accelerator.num_processes == 1:
+        return {k: counts[k] for k in keys}
+    total = trainer.accelerator.reduce(torch.tensor([counts[k] for k in keys], device=trainer.accelerator.device),
+                                       reduction="sum")
+    return dict(zip(keys, (int(v) for v in total.tolist())))

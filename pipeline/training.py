@@ -139,6 +139,7 @@ def sft_train(
         "train_seconds": round(seconds, 1),
         "tokens_per_second": round(tokens / seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
+        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
     }
 
 
@@ -182,6 +183,7 @@ def logit_distill(
         "steps": result.global_step,
         "train_seconds": round(seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
+        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
     }
 
 
@@ -232,6 +234,7 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
         "reward_accuracy_last": round(logs[-1]["rewards/accuracies"], 4) if logs else None,
         "reward_margin_last": round(logs[-1]["rewards/margins"], 4) if logs else None,
         "weights_changed": round(weights_changed(before, model), 3),
+        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
     }
 
 
@@ -343,4 +346,5 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         "steps": result.global_step,
         "train_seconds": round(seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
+        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
     }

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Process plumbing that cannot change an output: the fault hooks are inert unless PIPELINE_FAULT is set, and the
 # tether only stops a Prefect server.
 PLUMBING = {"pipeline/flows.py", "pipeline/paths.py", "pipeline/config.py", "pipeline/__init__.py", "stages/__init__.py",
-            "pipeline/faults.py", "pipeline/tether.py", "pipeline/runlock.py"}
+            "pipeline/faults.py", "pipeline/tether.py", "pipeline/runlock.py",
+            "pipeline/launch.py"}  # how a stage's processes start (the `launch` section), not what it computes
 
 
 def listed(path: str, deps: list[str]) -> bool:

@@ -1,0 +1,134 @@
+"""Training stages on 2 CPU processes (gloo) through `launch.num_processes`: `python -m stages.<name>` starts its
+ranks with accelerate, streams them into its flow's log, and only rank 0 writes.
+
+SFT on 2 processes x batch 4 trains on the same global batches as 1 process x batch 8 (the same seeded
+order; no length grouping here), so its loss curve must match within float noise; DPO and GRPO run a few steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pipeline import paths
+from tests.conftest import TINY_PARAMS, venv_env, write_params
+
+pytestmark = pytest.mark.e2e
+
+
+def params(**sections) -> dict:
+    out = copy.deepcopy(TINY_PARAMS)
+    out["sft"]["group_by_length"] = False
+    for name, values in sections.items():
+        out[name] = {**out.get(name, {}), **values}
+    return out
+
+
+def stage(name: str, folder: Path, check: bool = True, **env: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=folder, env=venv_env(**env),
+                          capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def losses(folder: Path, stage_name: str) -> list[float]:
+    """The logged training loss curve (dvclive's tsv)."""
+    with open(folder / paths.live_dir(stage_name) / "plots/metrics/loss.tsv") as fh:
+        return [float(row["loss"]) for row in csv.DictReader(fh, delimiter="\t")]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, prefect_api):
+    """The tiny project with the stages up to mine built on one process; a copy of sft's one-process outputs."""
+    from tests.conftest import copy_project
+
+    from stages import base, mine, sft, synthesize
+
+    folder = copy_project(tmp_path_factory.mktemp("launch"))
+    write_params(folder, params())
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:  # in this process, as tests/stages/test_stages.py runs them: no stage process start-up to pay
+        for module in (synthesize, base, sft):
+            module.main()
+        reference = {"losses": losses(folder, "sft"), "metrics": json.loads(Path("metrics/sft.json").read_text())}
+        mine.main()
+    finally:
+        os.chdir(cwd)
+    return folder, reference
+
+
+def stand_ins() -> list[str]:
+    return sorted(p.name for p in Path(tempfile.gettempdir()).glob("pipeline-rank*"))
+
+
+def test_sft_on_two_processes_follows_the_one_process_curve_at_twice_the_batch(workspace):
+    folder, reference = workspace
+    left = stand_ins()
+    write_params(folder, params(sft={"per_device_train_batch_size": 4}, launch={"num_processes": 2}))
+    proc = stage("sft", folder)
+    out = proc.stdout + proc.stderr
+    assert "launching 2 processes" in out and "[sft rank 1]" in out  # both ranks' lines reach the flow's log
+    metrics = json.loads((folder / "metrics/sft.json").read_text())
+    assert metrics["world_size"] == 2 and reference["metrics"]["world_size"] == 1
+    assert metrics["steps"] == reference["metrics"]["steps"]
+    # TRL averages the loss over the tokens of both ranks: the same objective as the one-process batch of 8
+    assert losses(folder, "sft") == pytest.approx(reference["losses"], rel=1e-4)
+    assert metrics["eval_loss"] == pytest.approx(reference["metrics"]["eval_loss"], rel=2e-3)
+    # written once, by rank 0: one model, no temporary folder beside it, rank 1's stand-ins removed
+    assert (folder / "models/sft/model.safetensors").exists()
+    assert [p.name for p in (folder / "models").iterdir() if p.name.startswith(".")] == []
+    assert stand_ins() == left
+
+
+def test_dpo_and_grpo_run_a_few_steps_on_two_processes(workspace):
+    from pipeline.distill import PAIR_SCHEMA
+    from pipeline.io import read_rows, write_rows
+
+    folder, _ = workspace
+    gold = read_rows(folder / paths.split_file("train"))[:8]
+    write_rows(folder / paths.split_file("pairs", "mine"), [  # gold against a wrong final answer
+        {"id": g["id"], "prompt": g["prompt"], "chosen": g["rationale"], "source": "policy",
+         "rejected": g["rationale"].rsplit("Answer:", 1)[0] + "Answer: 12345"} for g in gold], schema=PAIR_SCHEMA)
+    write_params(folder, params(dpo={"per_device_train_batch_size": 2}, launch={"num_processes": 2}))
+    stage("dpo", folder)
+    dpo = json.loads((folder / "metrics/dpo.json").read_text())
+    assert dpo["world_size"] == 2 and dpo["steps"] == 2 and dpo["weights_changed"] == 1.0  # 8 pairs / (2 x 2)
+
+    stage("grpo", folder)
+    grpo = json.loads((folder / "metrics/grpo.json").read_text())
+    p = TINY_PARAMS["grpo"]
+    per_rank = p["prompts_per_step"] * p["num_generations"]
+    assert grpo["world_size"] == 2 and grpo["steps"] == p["max_steps"] and grpo["weights_changed"] == 1.0
+    assert grpo["rollouts"] == p["max_steps"] * per_rank * 2
+    # guided replay judged whole groups on each rank; the counts are summed over both
+    assert grpo["guided_replay"]["groups"] == grpo["rollouts"] // p["num_generations"]
+
+
+def test_a_rank_that_fails_fails_the_stage_and_the_old_output_stands(workspace):
+    folder, _ = workspace
+    write_params(folder, params(launch={"num_processes": 2}))
+    before = (folder / "models/sft/model.safetensors").read_bytes()
+    proc = stage("sft", folder, check=False, PIPELINE_FAULT="nan@step:2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "a rank failed" in proc.stderr and "step 2" in proc.stderr
+    assert (folder / "models/sft/model.safetensors").read_bytes() == before
+
+
+def test_more_processes_than_cores_fail_before_any_training(workspace):
+    folder, _ = workspace
+    cores = os.cpu_count()
+    write_params(folder, params(launch={"num_processes": cores + 1}))
+    proc = stage("sft", folder, check=False, CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 2
+    assert f"launch.num_processes: {cores + 1}" in proc.stderr and f"{cores} CPU core(s)" in proc.stderr
+    assert "launching" not in proc.stdout + proc.stderr

@@ -1,0 +1,123 @@
+"""The `launch` section (pipeline/launch.py): which stages launch, the accelerate command, what this machine
+refuses before any work, the shipped accelerate configs, and rank 0 as the only writer (pipeline/io.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from pipeline import io, launch
+from pipeline.config import ConfigError, LaunchConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = {"ddp.yaml": "MULTI_GPU", "fsdp.yaml": "FSDP", "deepspeed_zero2.yaml": "DEEPSPEED",
+           "deepspeed_zero3.yaml": "DEEPSPEED"}
+
+
+def test_only_training_stages_launch_and_only_when_asked():
+    assert launch.plan_for("sft", LaunchConfig()) is None  # the default: one process, no launcher
+    two = LaunchConfig(num_processes=2)
+    assert launch.plan_for("evaluate@sft", two) is None and launch.plan_for("mine", two) is None
+    plan = launch.plan_for("sft", two)
+    assert (plan.stage, plan.num_processes, plan.config_file, plan.section) == ("sft", 2, None, "launch")
+    own = LaunchConfig(stages={"grpo": {"num_processes": 4, "config_file": "configs/accelerate/ddp.yaml"}})
+    assert launch.plan_for("sft", own) is None
+    grpo = launch.plan_for("grpo", own)
+    assert (grpo.num_processes, grpo.config_file, grpo.section) == (4, "configs/accelerate/ddp.yaml",
+                                                                    "launch.stages.grpo")
+    # an accelerate config alone (FSDP on one GPU, say) goes through the launcher too
+    assert launch.plan_for("dpo", LaunchConfig(config_file="configs/accelerate/fsdp.yaml")).num_processes == 1
+
+
+def test_multi_node_settings_are_checked():
+    with pytest.raises(ValidationError, match="machine_rank"):
+        LaunchConfig(num_machines=2, machine_rank=2, main_process_ip="10.0.0.1", main_process_port=29500)
+    with pytest.raises(ValidationError, match="main_process_ip"):
+        LaunchConfig(num_machines=2, num_processes=16)
+    with pytest.raises(ValidationError, match="stages"):
+        LaunchConfig(stages={"evaluate": {"num_processes": 2}})  # not a training stage
+    plan = launch.plan_for("prm", LaunchConfig(num_processes=16, num_machines=2, machine_rank=1,
+                                               main_process_ip="10.0.0.1", main_process_port=29500))
+    assert plan.per_machine == 8
+    cmd = launch.command(plan, "stages.prm", [])
+    for flag, value in (("--num_processes", "16"), ("--num_machines", "2"), ("--machine_rank", "1"),
+                        ("--main_process_ip", "10.0.0.1"), ("--main_process_port", "29500")):
+        assert cmd[cmd.index(flag) + 1] == value, flag
+
+
+def test_the_command_runs_the_stage_module_under_accelerate():
+    ddp = launch.command(launch.plan_for("sft", LaunchConfig(num_processes=2)), "stages.sft", [])
+    assert ddp[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in ddp  # torchrun; gloo on a CPU
+    assert ddp[-2:] == ["-m", "stages.sft"]
+    fsdp = launch.command(launch.plan_for("sft", LaunchConfig(num_processes=8,
+                                                               config_file="configs/accelerate/fsdp.yaml")),
+                          "stages.sft", ["--flag"])
+    assert fsdp[fsdp.index("--config_file") + 1] == "configs/accelerate/fsdp.yaml" and "--multi_gpu" not in fsdp
+    assert fsdp[-3:] == ["-m", "stages.sft", "--flag"]
+
+
+def test_ranks_share_the_cores_unless_the_user_set_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    plan = launch.plan_for("sft", LaunchConfig(num_processes=2))
+    env = launch.environment(plan)
+    assert env["OMP_NUM_THREADS"] == "4" and env[launch.RANK_ENV] == "sft"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert launch.environment(plan)["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_the_shipped_accelerate_configs_parse_as_accelerate_reads_them(name):
+    config = launch.read_config_file(ROOT / "configs/accelerate" / name)
+    assert str(config["distributed_type"]).split(".")[-1] == SHIPPED[name]
+    assert config["compute_environment"].endswith("LOCAL_MACHINE") and config["mixed_precision"] == "bf16"
+    if name == "fsdp.yaml":
+        assert config["fsdp_config"]["fsdp_version"] == 2
+        assert config["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # rank 0 saves whole weights
+    if name.startswith("deepspeed"):
+        assert config["deepspeed_config"]["zero_stage"] == int(name[-6])
+
+
+def test_what_this_machine_cannot_run_fails_saying_what_was_found(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the shipped configs' paths
+    cuda = torch.cuda.is_available()
+    found = torch.cuda.device_count() if cuda else os.cpu_count()
+    too_many = launch.plan_for("sft", LaunchConfig(num_processes=found + 1))
+    with pytest.raises(ConfigError, match=rf"launch.num_processes: {found + 1} .* has {found} "
+                                          rf"{'CUDA device' if cuda else 'CPU core'}"):
+        launch.check(too_many)
+    missing = launch.plan_for("grpo", LaunchConfig(stages={"grpo": {"config_file": "configs/accelerate/nope.yaml"}}))
+    with pytest.raises(ConfigError, match=r"launch.stages.grpo.config_file: configs/accelerate/nope.yaml: no such "
+                                          r"file \(shipped: configs/accelerate/ddp.yaml"):
+        launch.check(missing)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distributed_type: MULTI_GPU\nno_such_setting: 1\n")
+    with pytest.raises(ConfigError, match="not an accelerate config"):
+        launch.check(launch.plan_for("sft", LaunchConfig(config_file=str(bad))))
+    if not cuda:
+        for name in ("fsdp.yaml", "deepspeed_zero3.yaml"):
+            plan = launch.plan_for("sft", LaunchConfig(config_file=f"configs/accelerate/{name}"))
+            with pytest.raises(ConfigError, match="needs CUDA; this machine has no CUDA device"):
+                launch.check(plan)
+    launch.check(launch.plan_for("sft", LaunchConfig(num_processes=2)))  # 2 ranks: every CI machine has 2 cores
+
+
+def test_a_rank_other_than_0_writes_only_inside_its_stand_in_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    io.write_json(tmp_path / "metrics.json", {"a": 1})
+    io.write_rows(tmp_path / "rows.parquet", [{"a": 1}])
+    with io.atomic_dir(tmp_path / "out") as folder:
+        assert not folder.is_relative_to(tmp_path)  # outside the project
+        io.write_json(folder / "inside.json", {"a": 1})
+        assert json.loads((folder / "inside.json").read_text()) == {"a": 1}  # it may read back what it wrote
+    assert sorted(p.name for p in tmp_path.iterdir()) == [] and not folder.exists()
+    monkeypatch.setenv("RANK", "0")
+    io.write_json(tmp_path / "metrics.json", {"a": 1})
+    with io.atomic_dir(tmp_path / "out") as folder:
+        io.write_json(folder / "inside.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "out"]
