@@ -3,7 +3,8 @@
 #
 # Installs nothing heavy: the machine's own torch, plus the pure-Python packages its image lacks, carried as
 # wheels in .whl/ (pydantic, trl, datasets, transformers of our version; bench/gpu.sh --fetch-wheels gets them
-# here; they are for the machine's Python, 3.12). Needs models/ and data/ from `make run`. Each part has its own
+# here; they are for the machine's Python, 3.12). The PRM benches read models/ and data/ from `make run` when
+# they are carried; the gpu profile's bench builds its model there. Each part has its own
 # time limit and gets at most what is left of $BUDGET seconds (the limits add up to more: the last parts take
 # the slack), and what finished stays in $OUT.
 set -u
@@ -42,13 +43,16 @@ part env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --f
 import torch, transformers, trl, datasets, pyarrow, pydantic
 print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"-\")
 print(\"transformers\", transformers.__version__, \"trl\", trl.__version__, \"datasets\", datasets.__version__, \"pyarrow\", pyarrow.__version__, \"pydantic\", pydantic.__version__)"'
-part pytest 120 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/test_generation.py -q -p no:cacheprovider
-part prm_scoring 90 python3 bench/prm_scoring.py --repeats 2
-part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512 --workloads heldout best_of_n
-part prm_wide_vocab 60 python3 bench/prm_wide_vocab.py --layers 4 --paths 512
-part prm_variants 300 python3 -m experiments.prm_variants --questions 300 --out "$OUT/prm_variants.jsonl" \
-  '{}' '{"num_train_epochs": 6}' '{"perturbed": 2}' '{"perturbed": 2, "num_train_epochs": 4}' \
-  '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}}' \
-  '{"init": {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8, "num_key_value_heads": 4}, "num_train_epochs": 6}'
-part sft_step 60 python3 bench/sft_step.py --steps 30
+part pytest 120 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/test_generation.py \
+  tests/unit/test_lora.py tests/unit/test_launch.py -q -p no:cacheprovider
+# The gpu profile's 0.3B student at random init (nothing carried): matrix rate, packed SFT, greedy decoding (and
+# vLLM where installed), PRM scoring, GRPO steps; JSON in $OUT/gpu_profile.json
+part gpu_profile 300 python3 bench/gpu_profile.py "$OUT"
+# These read the default CPU run's models/ and data/ (carry them): run only where they are here.
+if [ -d models/prm ] && [ -d data/prm_data ]; then
+  part sft_step 60 python3 bench/sft_step.py --steps 30
+  part prm_scoring 90 python3 bench/prm_scoring.py --repeats 2
+  part prm_scoring_wide 40 python3 bench/prm_scoring.py --repeats 2 --batch 512 --workloads heldout best_of_n
+  part prm_wide_vocab 60 python3 bench/prm_wide_vocab.py --layers 4 --paths 512
+fi
 echo "== total $(( $(date +%s) - START )) s" | tee "$OUT/total.txt"

@@ -169,6 +169,10 @@ class TrainConfig(Section):
     group_by_length: bool = Field(
         True, description="batch examples of similar length: less padding (step time: bench/sft_step.py)"
     )
+    packing: bool = Field(False, description="pack several examples into each max_length sequence (TRL's "
+                          "best-fit packing, padding-free): no compute on padding, for GPUs")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
+                                         "memory for larger batches, about a third more compute (for GPUs)")
     max_train_samples: int | None = Field(None, ge=1, description="use only the first N training questions")
     max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
     eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")

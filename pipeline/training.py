@@ -102,6 +102,7 @@ def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfi
         dataloader_num_workers=0,
         **device_kwargs(),
     )
+    args.update(packing=cfg.packing, gradient_checkpointing=cfg.gradient_checkpointing)
     args.update(overrides)
     return TRLSFTConfig(**args)
 
