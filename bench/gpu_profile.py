@@ -245,10 +245,14 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--profile", default="gpu")
     parser.add_argument("--tiny", action="store_true", help="the tiny profile at toy sizes: a CPU check")
+    parser.add_argument("-S", "--set", dest="sets", action="append", default=[],
+                        help="KEY=VALUE over the profile, as `python -m pipeline repro -S` takes it")
+    parser.add_argument("--parts", default="sft,greedy_hf,greedy_vllm,prm_scoring,grpo",
+                        help="comma-separated parts to run after the matrix rate and the model")
     args = parser.parse_args()
     from pipeline.profiles import resolve
 
-    profile = resolve("tiny" if args.tiny else args.profile, root=ROOT)
+    profile = resolve("tiny" if args.tiny else args.profile, args.sets, root=ROOT)
     sizes = ({"questions": 300, "sft_steps": 3, "warmup": 2, "eval_batch": 16, "new_tokens": 16, "prm_paths": 32,
               "prm_batch": 16, "grpo_steps": 2, "matmul": 512} if args.tiny else
              {"questions": 12000, "sft_steps": 10, "warmup": 3, "eval_batch": 512, "new_tokens": 256,
@@ -259,10 +263,12 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     peak = next((v for k, v in DATASHEET_BF16.items() if k in name), None)
     results: dict = {"device": name, "torch": torch.__version__, "profile": "tiny" if args.tiny else args.profile,
-                     "sizes": sizes}
+                     "sets": args.sets, "sizes": sizes}
 
     def save() -> None:
         (args.out / "gpu_profile.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    wanted = {"matmul", "model", *args.parts.split(",")}
 
     @contextlib.contextmanager
     def part(key: str):
@@ -285,19 +291,23 @@ def main() -> None:
     with part("model"):
         model, tokenizer, info = build(profile, rows, Path(tempfile.mkdtemp(prefix="gpu-profile-model-")))
         results["model"] = info
-    with part("sft"):
-        results["sft"] = sft(profile, model, tokenizer, rows, info, rates, sizes["sft_steps"], sizes["warmup"])
-    with part("greedy_hf"):
-        results["greedy_hf"] = greedy(model, tokenizer, rows, sizes["eval_batch"], sizes["new_tokens"])
-    with part("greedy_vllm"):
-        results["greedy_vllm"] = vllm_greedy(model, tokenizer, rows, sizes["eval_batch"], sizes["new_tokens"])
-        if "tokens_per_second" in results["greedy_vllm"]:
-            results["greedy_vllm"]["vs_hf"] = round(results["greedy_vllm"]["tokens_per_second"]
-                                                    / results["greedy_hf"]["tokens_per_second"], 2)
-    with part("prm_scoring"):
-        results["prm_scoring"] = prm_scoring(model, tokenizer, rows[: sizes["prm_paths"]], sizes["prm_batch"])
-    with part("grpo"):
-        results["grpo"] = grpo(profile, model, tokenizer, rows, info, rates, sizes["grpo_steps"])
+    def vllm() -> dict:
+        out = vllm_greedy(model, tokenizer, rows, sizes["eval_batch"], sizes["new_tokens"])
+        if "tokens_per_second" in out and "tokens_per_second" in results.get("greedy_hf", {}):
+            out["vs_hf"] = round(out["tokens_per_second"] / results["greedy_hf"]["tokens_per_second"], 2)
+        return out
+
+    parts = {
+        "sft": lambda: sft(profile, model, tokenizer, rows, info, rates, sizes["sft_steps"], sizes["warmup"]),
+        "greedy_hf": lambda: greedy(model, tokenizer, rows, sizes["eval_batch"], sizes["new_tokens"]),
+        "greedy_vllm": vllm,
+        "prm_scoring": lambda: prm_scoring(model, tokenizer, rows[: sizes["prm_paths"]], sizes["prm_batch"]),
+        "grpo": lambda: grpo(profile, model, tokenizer, rows, info, rates, sizes["grpo_steps"]),
+    }
+    for key, run in parts.items():
+        if key in wanted:
+            with part(key):
+                results[key] = run()
     print(f"results: {args.out / 'gpu_profile.json'}")
 
 

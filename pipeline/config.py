@@ -952,6 +952,12 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
+    for key, train in (("sft", sections["sft"]), ("teacher.train", sections["teacher"].train)):
+        if train.packing and sections["model"].attn_implementation != "flash_attention_2":
+            raise ConfigError(f"{path}: {key}.packing: padding-free packing turns a batch into one sequence, which "
+                              "attention other than flash_attention_2 reads whole (quadratic in the batch: 136 GB and "
+                              "7x slower on an H200, BENCHMARKS.md); set model.attn_implementation: flash_attention_2 "
+                              "or packing: false")
     from pipeline import launch  # this machine's GPUs or cores against each training stage's processes
 
     for stage in launch.TRAINING_STAGES:

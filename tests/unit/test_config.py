@@ -122,3 +122,18 @@ def test_teacher_and_distill_params_are_checked(tmp_path, section, values, messa
     path = write(tmp_path, {section: values})
     with pytest.raises(ConfigError, match=message):
         load_section(section, path=path)
+
+
+def test_packing_without_flash_attention_is_refused(tmp_path):
+    """Padding-free packing reads a batch as one sequence: without flash_attention_2 it costs memory quadratic in the
+    whole batch (BENCHMARKS.md, the gpu profile on an H200), so params validation names the keys."""
+    from pipeline.profiles import render, resolve
+
+    params = resolve("tiny", ["sft.packing=true"], root=ROOT)
+    path = tmp_path / "params.yaml"
+    path.write_text(render(params, "tiny"))
+    with pytest.raises(ConfigError, match="sft.packing: .* set model.attn_implementation: flash_attention_2"):
+        validate_all(path)
+    params["model"]["attn_implementation"] = "flash_attention_2"
+    path.write_text(render(params, "tiny"))
+    assert validate_all(path)["sft"].packing

@@ -104,7 +104,8 @@ def test_what_this_machine_cannot_run_fails_saying_what_was_found(tmp_path, monk
             plan = launch.plan_for("sft", LaunchConfig(config_file=f"configs/accelerate/{name}"))
             with pytest.raises(ConfigError, match="needs CUDA; this machine has no CUDA device"):
                 launch.check(plan)
-    launch.check(launch.plan_for("sft", LaunchConfig(num_processes=min(found, 2))))  # what there is: runs
+    if found >= 2:
+        launch.check(launch.plan_for("sft", LaunchConfig(num_processes=2)))  # what there is: runs
 
 
 def test_a_rank_other_than_0_writes_only_inside_its_stand_in_folders(tmp_path, monkeypatch):
