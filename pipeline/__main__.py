@@ -200,7 +200,7 @@ def _pass_sigterm_on() -> None:
     import psutil
 
     def stop(signum: int, frame: object) -> None:
-        from pipeline.orchestrate import stop_tree
+        from pipeline.runlock import stop_tree
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for child in psutil.Process().children():

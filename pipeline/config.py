@@ -170,7 +170,8 @@ class TrainConfig(Section):
         True, description="batch examples of similar length: less padding (step time: bench/sft_step.py)"
     )
     packing: bool = Field(False, description="pack several examples into each max_length sequence (TRL's "
-                          "best-fit packing, padding-free): no compute on padding, for GPUs")
+                          "best-fit packing, padding-free): no compute on padding; needs model.attn_implementation "
+                          "flash_attention_2")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
                                          "memory for larger batches, about a third more compute (for GPUs)")
     max_train_samples: int | None = Field(None, ge=1, description="use only the first N training questions")
@@ -808,8 +809,9 @@ class LaunchConfig(Section):
     num_processes: int = Field(1, ge=1, description="processes in all, over every machine (one per GPU; on a CPU, "
                                "at most one per core, with gloo): more than 1 starts the ranks through accelerate")
     config_file: str | None = Field(
-        None, min_length=1, description="an accelerate config file (configs/accelerate/: ddp.yaml, fsdp.yaml, "
-        "deepspeed_zero2.yaml, deepspeed_zero3.yaml); null: DDP (gloo on CPU)")
+        None, min_length=1, description="an accelerate config file (configs/accelerate/: ddp.yaml, "
+        "deepspeed_zero2.yaml; fsdp.yaml and deepspeed_zero3.yaml are refused until sharded weights are saved "
+        "whole); null: DDP (gloo on CPU)")
     num_machines: int = Field(1, ge=1, description="machines taking part (multi-node: run the stage on each)")
     machine_rank: int = Field(0, ge=0, description="this machine's rank (0: the one that runs DVC and writes the "
                               "outputs)")

@@ -117,11 +117,12 @@ def _run_rank(name: str, body: Callable[..., Any], *args: Any) -> Any:
     that wrote the outputs) then removes the run's checkpoints."""
     import logging
 
-    from pipeline.io import rank
+    from pipeline.io import rank, wait_for_ranks
 
     logging.basicConfig(level=logging.INFO, format=f"[{name} rank {rank()}] %(message)s", stream=sys.stderr)
     with expected_errors():
         out = body(*args)
+    wait_for_ranks()  # every rank is done with the run's checkpoints before rank 0 removes them
     if rank() == 0 and "pipeline.checkpoints" in sys.modules:
         sys.modules["pipeline.checkpoints"].stage_completed()
     return out

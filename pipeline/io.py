@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
@@ -33,10 +34,26 @@ class StageFailed(Exception):
     """The stage cannot complete for a reason it names (training diverged): exit 1 with the message alone."""
 
 
+# Set in each rank's environment by pipeline/launch.py (the stage's name): a process the pipeline launched.
+LAUNCHED = "PIPELINE_LAUNCHED_STAGE"
+
+
 def rank() -> int:
-    """This process's global rank when `accelerate launch` (torchrun) started it, else 0. Only rank 0 writes a
-    stage's outputs, metrics and manifests (pipeline/launch.py)."""
-    return int(os.environ.get("RANK") or 0)
+    """This process's global rank when the pipeline's launch started it (torchrun's RANK), else 0: a RANK that a
+    cluster exports to every process of a job does not count. Only rank 0 writes a stage's outputs, metrics and
+    manifests (pipeline/launch.py)."""
+    return int(os.environ.get("RANK") or 0) if os.environ.get(LAUNCHED) else 0
+
+
+def wait_for_ranks() -> None:
+    """A barrier over the launched ranks (none in a single process): rank 0 puts an output in place only once
+    every rank got there, so a rank that fails before it fails the stage with the old output standing."""
+    if not os.environ.get(LAUNCHED) or "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 # A rank other than 0: the throwaway folders that stand in for its atomic_dir outputs (it writes there alone).
@@ -66,6 +83,7 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
         _stand_ins.append(stand_in)
         try:
             yield stand_in
+            wait_for_ranks()  # rank 0 is at its commit: it goes ahead once every rank is here
         finally:
             _stand_ins.remove(stand_in)
             shutil.rmtree(stand_in, ignore_errors=True)
@@ -84,6 +102,7 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    wait_for_ranks()
     faults.at(f"commit:{final}")
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     if final.exists():

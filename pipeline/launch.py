@@ -18,19 +18,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import ConfigError, LaunchConfig, active_section
-from pipeline.io import InputError, StageFailed
+from pipeline.io import LAUNCHED, InputError, StageFailed
 
 TRAINING_STAGES = ("teacher", "sft", "sft_extended", "grpo", "dpo", "prm")
 CONFIG_DIR = Path("configs/accelerate")
 # Set in each rank's environment: the stage name. A rank runs its stage's code without a Prefect flow.
-RANK_ENV = "PIPELINE_LAUNCHED_STAGE"
+RANK_ENV = LAUNCHED
 # The running launcher, stopped with the stage on SIGTERM (pipeline.flows).
 _running: list[subprocess.Popen] = []
 
@@ -98,8 +97,16 @@ def check(plan: Plan) -> None:
         kind = str(read_config_file(plan.config_file, config_key).get("distributed_type", "MULTI_GPU")).split(".")[-1]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     processes = f"{plan.section}.num_processes"
-    if kind in ("FSDP", "DEEPSPEED") and not gpus:
-        raise ConfigError(f"{config_key}: {plan.config_file} asks for {kind}, which needs CUDA; this machine "
+    zero = (read_config_file(plan.config_file, config_key).get("deepspeed_config") or {}).get("zero_stage") \
+        if kind == "DEEPSPEED" else None
+    if kind == "FSDP" or zero == 3:
+        raise ConfigError(f"{config_key}: {plan.config_file} shards the parameters ({kind}"
+                          f"{', ZeRO-3' if zero == 3 else ''}), which the stages cannot save yet (each rank would "
+                          "save its shard) and which GRPO's rollouts, a different number of forward passes on each "
+                          "rank, could hang; use DDP or DeepSpeed ZeRO-2 (configs/accelerate/ddp.yaml, "
+                          "deepspeed_zero2.yaml)")
+    if kind == "DEEPSPEED" and not gpus:
+        raise ConfigError(f"{config_key}: {plan.config_file} asks for DeepSpeed, which needs CUDA; this machine "
                           "has no CUDA device (DDP without a config file runs on CPUs)")
     if kind == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"{config_key}: {plan.config_file} asks for DeepSpeed, which is not installed "
@@ -150,7 +157,7 @@ def run_ranks(plan: Plan, log=None) -> None:
     cmd = command(plan, module, sys.argv[1:])
     log.info("launching %d processes on %d machine(s): %s", plan.num_processes, plan.num_machines, " ".join(cmd[1:]))
     proc = subprocess.Popen(cmd, env=environment(plan), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1)
+                            errors="replace", bufsize=1)
     _running.append(proc)
     errors, codes = [], []
     try:
@@ -164,9 +171,9 @@ def run_ranks(plan: Plan, log=None) -> None:
             codes += re.findall(r"exitcode\s*:\s*(-?\d+)", line)
         rc = proc.wait()
     finally:
-        _running.remove(proc)
-        if proc.poll() is None:
+        if proc.poll() is None:  # interrupted while the ranks run: they stop with the stage
             stop()
+        _running.remove(proc)
     if rc == 0:
         return
     reason = errors[-1] if errors else f"the launcher exited {rc} (its output is in the log above)"
@@ -176,11 +183,10 @@ def run_ranks(plan: Plan, log=None) -> None:
 
 
 def stop() -> None:
-    """SIGTERM to the running launcher (torchrun passes it to every rank); the stage is stopping."""
+    """SIGTERM to the running launcher and every rank under it, SIGKILL to those left after 10 s: the stage is
+    stopping."""
+    from pipeline.runlock import stop_tree
+
     for proc in list(_running):
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_tree(proc.pid)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from pipeline.config import LoraConfig
+from pipeline.io import InputError
 from pipeline.models import save_model
 
 
@@ -29,15 +30,21 @@ def is_adapter(model) -> bool:
     return isinstance(model, PeftModel)
 
 
-def wrap(model, cfg: LoraConfig, stage: str):
-    """`model` with a fresh LoRA adapter (its own weights frozen) when `lora.<stage>` is on; else `model`."""
+def wrap(model, cfg: LoraConfig, stage: str, seed: int = 0):
+    """`model` with a fresh LoRA adapter (its own weights frozen) when `lora.<stage>` is on; else `model`. The
+    adapter's initial weights are drawn from `seed` (the stage's), so a re-run starts from the same ones."""
     if not cfg.on(stage):
         return model
+    import torch
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
     config = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                             target_modules=cfg.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    torch.manual_seed(seed)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # PEFT names what it did not find in the model
+        raise InputError(f"lora.target_modules: {cfg.target_modules}: {exc}") from exc
 
 
 def manifest(cfg: LoraConfig, stage: str) -> dict:
@@ -66,6 +73,7 @@ def save(model, tokenizer, folder: Path, cfg: LoraConfig, base: Path):
         return merged
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    (Path(folder) / "README.md").unlink(missing_ok=True)  # PEFT's model card, naming the base as it was in memory
     config_file = Path(folder) / "adapter_config.json"
     config = json.loads(config_file.read_text())
     config["base_model_name_or_path"] = str(base)  # relative to the repository root, where every stage runs

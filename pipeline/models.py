@@ -168,7 +168,11 @@ def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
     if not base or not Path(base).is_dir():  # the pipeline's adapters sit on its own model folders, never a Hub id
         raise FileNotFoundError(f"{adapter}: base_model_name_or_path {base!r} is not a model folder here (an adapter "
                                 "loads beneath its base; run from the repository root, with the base's stage built)")
-    return PeftModel.from_pretrained(load_weights(base, dtype), str(path)).merge_and_unload()
+    model = PeftModel.from_pretrained(load_weights(base, dtype), str(path)).merge_and_unload()
+    # What TRL builds a frozen reference from (DPO, GRPO's KL) when no adapter is trained on top: this folder,
+    # which transformers loads as its base with the adapter on it (the same function), not the base alone.
+    model.config._name_or_path = str(path)
+    return model
 
 
 @phase("load model")

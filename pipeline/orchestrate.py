@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
 from pipeline import paths, runlock
+from pipeline.runlock import stop_tree
 from pipeline.config import active_section, validate_all
 from pipeline.flows import flatten, publish_markdown, publish_table, stage_logger
 from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
@@ -41,28 +42,6 @@ def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
         stop_tree(proc.pid)
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def stop_tree(pid: int, grace: float = 10.0) -> None:
-    """SIGTERM to process `pid` and every process under it, SIGKILL to those still there after `grace` s."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return
-    for proc in tree:
-        try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
 
 
 def metrics_rows(root: Path = paths.METRICS) -> list[dict]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -75,14 +74,16 @@ class GuidedRollout:
         else:  # conversational (prompt.format chat): TRL leaves the template to a rollout_func
             texts = [chat.render_messages(tokenizer, p) for p in prompts]
             prompt_ids = tokenizer(text=texts, add_special_tokens=False)["input_ids"]  # the template has its BOS
-        completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step)
+        completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
+                                     trainer.accelerator.process_index)
         if self.replay:
             completion_ids = self.guide(prompts, completion_ids, tokenizer, trainer)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
-    def sample(self, model, tokenizer, prompt_ids: list[list[int]], step: int) -> list[list[int]]:
+    def sample(self, model, tokenizer, prompt_ids: list[list[int]], step: int, rank: int = 0) -> list[list[int]]:
         ids, mask = pad(prompt_ids, pad_id(tokenizer), left=True)
-        rng = torch.Generator().manual_seed(self.seed * 1_000_003 + step)  # new draws every step, reproducible
+        # new draws every step and on every rank of a launched run, reproducible
+        rng = torch.Generator().manual_seed(self.seed * 1_000_003 + step + 7_919 * rank)
         return decode(model, ids.to(model.device), mask.to(model.device), self.max_new_tokens,
                       tokenizer.eos_token_id, (self.temperature, self.top_p, rng, 0))
 
@@ -204,9 +205,8 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
     if tbrm:
         grpo.num_generations = 1
         grpo.per_device_train_batch_size = cfg.prompts_per_step * cfg.num_generations  # equal rollouts per step
-        # over every process of a launched run (torchrun's WORLD_SIZE), as TRL derives it itself
-        grpo.generation_batch_size = (grpo.per_device_train_batch_size * grpo.steps_per_generation
-                                      * int(os.environ.get("WORLD_SIZE") or 1))
+        # over every process of a launched run, as TRL derives it itself
+        grpo.generation_batch_size = grpo.per_device_train_batch_size * grpo.steps_per_generation * grpo.world_size
     return grpo
 
 

@@ -161,3 +161,25 @@ def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots",
                 removed.append(path)
         folders = deeper
     return removed
+
+
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM to process `pid` and every process under it, SIGKILL to those still there after `grace` s."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for proc in tree:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

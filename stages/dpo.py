@@ -27,7 +27,7 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
     files = PAIR_FILES[cfg.pairs]
     pairs = [row for f in files for row in read_rows(f, required=("prompt", "chosen", "rejected", "source"))]
     model, tokenizer = load_model(paths.model_dir("sft"))
-    model = lora.wrap(model, lora_cfg, "dpo") if pairs else model
+    model = lora.wrap(model, lora_cfg, "dpo", cfg.seed) if pairs else model
     with atomic_dir(paths.model_dir("dpo")) as out, atomic_dir(paths.live_dir("dpo")) as live:
         if pairs:
             metrics = {"source": cfg.pairs, **dpo_train(cfg, model, tokenizer, pairs, out / ".trainer", live)}

@@ -52,7 +52,7 @@ def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) ->
     pool = read_rows(POOL, required=("prompt", "answer", "answer_type", "pass_rate"))
     p0 = sum(r["pass_rate"] for r in pool) / max(len(pool), 1)
     model, tokenizer = load_model(paths.model_dir("sft"))
-    model = lora.wrap(model, lora_cfg, "grpo")
+    model = lora.wrap(model, lora_cfg, "grpo", cfg.seed)
     with atomic_dir(paths.model_dir("grpo")) as out, atomic_dir(paths.live_dir("grpo")) as live:
         metrics = rl_train(cfg, rewards, model, tokenizer, rows, out / ".trainer", live)
         # The theory's yardstick: binary-reward GRPO from p0 with KL weight beta converges to p*.

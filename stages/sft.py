@@ -146,7 +146,7 @@ def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_
     if cfg.mix > 0:
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"))
-    model = lora.wrap(model, lora_cfg, "sft")
+    model = lora.wrap(model, lora_cfg, "sft", cfg.seed)
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
         metrics = run(cfg, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
                       (train_cfg, mixed), task_cfg.kind)

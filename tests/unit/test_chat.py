@@ -101,7 +101,7 @@ def test_guided_rollout_renders_conversational_prompts_and_finds_their_gold(tok,
     rollout = GuidedRollout(gold, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=0,
                             replay=True, replay_max_accuracy=0.0, replay_samples=1)
     trainer = SimpleNamespace(processing_class=tok, model=model, state=SimpleNamespace(global_step=0),
-                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m, process_index=0))
     out = rollout([chat.prompt("How many?")] * 2, trainer)
     assert tok.decode(out["prompt_ids"][0]) == "<|user|>\nHow many?\n<|assistant|>\n"
     # an untrained model never answers 7 in 6 tokens: the last rollout is the gold rationale (the token budget)

@@ -100,3 +100,32 @@ def test_an_adapter_whose_base_is_missing_fails_naming_it(base, monkeypatch):
     with pytest.raises(InputError, match="models/orphan") as caught:
         load_model("models/orphan", device="cpu")
     assert "models/gone" in str(caught.value)
+
+
+def test_a_reference_built_from_a_loaded_adapter_is_the_adapted_model(base, monkeypatch):
+    """DPO's reference and GRPO's KL reference, with no adapter trained on top, are rebuilt by TRL from the loaded
+    model's `_name_or_path`: for an adapter folder that must give the adapted function, not its bare base."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(base)
+    cfg = LoraConfig(sft=True, r=2, dropout=0.0, save="adapter")
+    model, tokenizer = load_model("models/base", device="cpu")
+    wrapped = lora.wrap(model, cfg, "sft", seed=3)
+    trained(wrapped)
+    lora.save(wrapped, tokenizer, base / "models/policy", cfg, base="models/base")
+    policy = load_weights("models/policy")
+    reference = AutoModelForCausalLM.from_pretrained(policy.config._name_or_path)
+    torch.testing.assert_close(logits(reference), logits(policy), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(logits(load_weights("models/base")), logits(policy))
+
+
+def test_the_adapter_starts_from_the_stage_seed(base, monkeypatch):
+    monkeypatch.chdir(base)
+    cfg = LoraConfig(grpo=True, r=2)
+    first = lora.wrap(load_model("models/base", device="cpu")[0], cfg, "grpo", seed=5)
+    torch.manual_seed(123)  # whatever ran before does not matter
+    second = lora.wrap(load_model("models/base", device="cpu")[0], cfg, "grpo", seed=5)
+    a = {n: p for n, p in first.named_parameters() if "lora_A" in n}
+    assert a and all(torch.equal(p, dict(second.named_parameters())[n]) for n, p in a.items())
+    with pytest.raises(Exception, match="lora.target_modules"):
+        lora.wrap(load_model("models/base", device="cpu")[0], LoraConfig(grpo=True, target_modules=["nope"]), "grpo")
