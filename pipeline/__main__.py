@@ -204,6 +204,13 @@ def _pass_sigterm_on() -> None:
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for child in psutil.Process().children():
+            try:
+                if "pipeline.tether" in child.cmdline():
+                    # the Prefect server: it stops on the way out, after the run's crash and logs reach it (stopped
+                    # first, Prefect's log handler retried the dead server for over a minute before exiting)
+                    continue
+            except psutil.Error:
+                continue
             stop_tree(child.pid)
         print(f"error: stopped by signal {signum}; what it was running was stopped too", file=sys.stderr)
         raise SystemExit(128 + signum)

@@ -129,6 +129,7 @@ def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefe
     assert readers <= stale and not stale & {"synthesize", "animate", "base"}, (readers, stale)
 
 
+@pytest.mark.slow  # nine stages on a dataset task (`make test-slow`); the unit tests cover MATH's extraction
 def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_api):
     write_jsonl(tmp_path / "math" / "train.jsonl", math_rows(150, 0))
     write_jsonl(tmp_path / "math" / "test.jsonl", math_rows(20, 1))
