@@ -169,9 +169,11 @@ def test_sft_and_evaluate_killed_mid_stage_then_the_next_run_finishes(repo, tmp_
     assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
 
 
-def test_switching_profile_reruns_exactly_what_changed_and_switching_back_runs_nothing(repo):
+@pytest.mark.slow  # five stages; the killed-sft test above shows the run-cache restore in `make test`
+def test_switching_profile_reruns_exactly_what_changed_and_switching_back_runs_nothing(built):
     """A profile extending `tiny` with other sft_extended and DPO settings: exactly those two are stale; the run
     re-runs them and what depends on them; `--profile tiny` then restores every output from DVC's run-cache."""
+    repo = built
     (repo / "profiles/tiny_variant.yaml").write_text(yaml.safe_dump(
         {"extends": "tiny", "params": {"sft_extended": {"learning_rate": 0.0002}, "dpo": {"beta": 0.2}}}))
     lock = (repo / "dvc.lock").read_text()

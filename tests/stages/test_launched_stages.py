@@ -90,6 +90,7 @@ def test_sft_on_two_processes_follows_the_one_process_curve_at_twice_the_batch(w
     assert stand_ins() == left
 
 
+@pytest.mark.slow  # two launched stages (`make test-slow`); the SFT and failing-rank tests stay in `make test`
 def test_dpo_and_grpo_run_a_few_steps_on_two_processes(workspace):
     from pipeline.distill import PAIR_SCHEMA
     from pipeline.io import read_rows, write_rows
