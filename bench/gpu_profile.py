@@ -94,25 +94,20 @@ def build(profile: dict, rows: list[dict], folder: Path):
                               count_parameters(model) - embedding, "vocab": len(tokenizer), "dtype": str(dtype)}
 
 
-class StepClock:
-    """A TrainerCallback that times each optimizer step (the device synchronised at both ends)."""
+def step_clock():
+    """`pipeline.training.StepTimer` with the device synchronised at both ends of a step (its kernels finished)."""
+    from pipeline.training import StepTimer
 
-    def __init__(self) -> None:
-        from transformers import TrainerCallback
+    class SyncedStepTimer(StepTimer):
+        def on_step_begin(self, args, state, control, **kwargs):
+            sync()
+            super().on_step_begin(args, state, control, **kwargs)
 
-        clock = self
+        def on_step_end(self, args, state, control, **kwargs):
+            sync()
+            super().on_step_end(args, state, control, **kwargs)
 
-        class Callback(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):
-                sync()
-                clock.start = time.perf_counter()
-
-            def on_step_end(self, args, state, control, **kwargs):
-                sync()
-                clock.times.append(time.perf_counter() - clock.start)
-
-        self.times: list[float] = []
-        self.callback = Callback()
+    return SyncedStepTimer()
 
 
 def mfu(parameters: int, tokens_per_second: float, rates: dict) -> dict:
@@ -130,12 +125,12 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
     cfg = SFTConfig(**profile["sft"])
     batch = cfg.per_device_train_batch_size
     while True:
-        clock = StepClock()
+        clock = step_clock()
         with tempfile.TemporaryDirectory() as work:
             args = trainer_args(cfg, Path(work), max_steps=warmup + steps, logging_steps=1, eval_strategy="no",
                                 num_train_epochs=1, per_device_train_batch_size=batch)
             trainer = SFTTrainer(model=model, args=args, train_dataset=prompt_completion_dataset(rows),
-                                 processing_class=tokenizer, callbacks=[clock.callback])
+                                 processing_class=tokenizer, callbacks=[clock])
             try:
                 trainer.train()
                 break
@@ -221,8 +216,8 @@ def grpo(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: 
     from pipeline.config import GRPOStageConfig, RewardsConfig
 
     cfg = GRPOStageConfig(**{**profile["grpo"], "max_steps": steps, "logging_steps": 1, "guided_replay": False})
-    clock = StepClock()
-    rl.dvclive_callback = lambda live_dir: clock.callback  # times the steps; the curves are not measured here
+    clock = step_clock()
+    rl.dvclive_callback = lambda live_dir: clock  # times the steps; the curves are not measured here
     model.train()
     rl_rows = [{"id": r["id"], "prompt": r["prompt"], "answer": r["answer"], "answer_type": r["answer_type"],
                 "rationale": r["rationale"], "step_values": [s["value"] for s in r["steps"] if s["value"]]}

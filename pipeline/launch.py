@@ -91,14 +91,12 @@ def check(plan: Plan) -> None:
     `python -m pipeline repro` for every training stage before DVC starts)."""
     import torch
 
-    kind = "MULTI_GPU"
     config_key = f"{plan.section}.config_file"
-    if plan.config_file is not None:
-        kind = str(read_config_file(plan.config_file, config_key).get("distributed_type", "MULTI_GPU")).split(".")[-1]
+    config = read_config_file(plan.config_file, config_key) if plan.config_file is not None else {}
+    kind = str(config.get("distributed_type", "MULTI_GPU")).split(".")[-1]
+    zero = (config.get("deepspeed_config") or {}).get("zero_stage") if kind == "DEEPSPEED" else None
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     processes = f"{plan.section}.num_processes"
-    zero = (read_config_file(plan.config_file, config_key).get("deepspeed_config") or {}).get("zero_stage") \
-        if kind == "DEEPSPEED" else None
     if kind == "FSDP" or zero == 3:
         raise ConfigError(f"{config_key}: {plan.config_file} shards the parameters ({kind}"
                           f"{', ZeRO-3' if zero == 3 else ''}), which the stages cannot save yet (each rank would "
