@@ -950,7 +950,7 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
     sections = {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}
-    check_task_fit(sections["task"], sections["prm"], sections["prm_data"], sections["evaluate"], path)
+    check_task_fit(sections["task"], sections["prm"], path)
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
@@ -968,24 +968,12 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     return sections
 
 
-# Step-level search samples one line at a time (pipeline/search.py): these parts need `task.step_split: line`.
-LINE_SEARCH_STRATEGIES = ("prm_beam", "prm_mcts")
-
-
-def check_task_fit(task: TaskConfig, prm: "PRMConfig | None" = None, prm_data: "PRMDataConfig | None" = None,
-                   evaluate: "EvaluateConfig | None" = None, path: Path | str = PARAMS_FILE) -> None:
-    """Params of other sections that the task cannot serve, each named (a stage checks the sections it reads)."""
+def check_task_fit(task: TaskConfig, prm: "PRMConfig", path: Path | str = PARAMS_FILE) -> None:
+    """Params of other sections that the task cannot serve, each named (the stage that reads them checks too)."""
     problems = []
-    if task.kind != "cof" and prm is not None and "gold" in prm.sources:
+    if task.kind != "cof" and "gold" in prm.sources:
         problems.append("prm.sources: gold labels need the chart task's gold step values; a dataset task's steps "
                         "are labelled mc (Monte-Carlo rollouts) and mcts")
-    if task.step_split == "paragraph":
-        if prm_data is not None and prm_data.mcts_questions:
-            problems.append("prm_data.mcts_questions: MCTS searches one line at a time; with task.step_split "
-                            "paragraph set it to 0")
-        if evaluate is not None and (lines := [s for s in evaluate.decoding.strategies if s in LINE_SEARCH_STRATEGIES]):
-            problems.append(f"evaluate.decoding.strategies: {', '.join(lines)} search one line at a time; with "
-                            "task.step_split paragraph use greedy, maj_at_n and prm_best_of_n")
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems))
 

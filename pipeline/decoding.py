@@ -182,7 +182,7 @@ def ceilings(rows: Sequence[dict], candidates: Sequence[Sequence[str]], scores: 
     n_questions = max(len(rows), 1)
     right = [[is_correct(text, row["answer"], row["answer_type"]) for text in texts]
              for row, texts in zip(rows, candidates)]
-    if not tasks.active().is_cof:  # no gold step values: only the outcome ceiling
+    if not tasks.active().has_gold_step_values:  # only the outcome ceiling
         return {"pass_at_n": round(sum(any(ok) for ok in right) / n_questions, 4), "step_oracle": None,
                 "all_steps_right": None}
     clean = [[steps_right(row, text) for text in texts] for row, texts in zip(rows, candidates)]

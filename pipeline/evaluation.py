@@ -56,7 +56,8 @@ def summarize(records: Sequence[dict]) -> dict:
     return {
         "n": len(records),
         "accuracy": accuracy_of(records),
-        "step_accuracy": round(sum(r["steps_matched"] for r in records) / steps_total, 4) if steps_total else 0.0,
+        # None without gold step values (a dataset task): nothing to match, not a score of zero
+        "step_accuracy": round(sum(r["steps_matched"] for r in records) / steps_total, 4) if steps_total else None,
         "answer_line_rate": round(sum(r["prediction"] is not None for r in records) / max(len(records), 1), 4),
         "by_answer_type": accuracy_by(records, "answer_type"),
         "by_task_type": accuracy_by(records, "task_type"),

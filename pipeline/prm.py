@@ -96,10 +96,10 @@ def chain_rows(questions: list[dict]) -> list[dict]:
     """Each question's gold chain as a step-label row: its steps, each labelled by the grader against the gold step
     values (the chart task), or 1 (a dataset's worked solution, right by construction)."""
     out = []
-    cof = tasks.active().is_cof
+    graded = tasks.active().has_gold_step_values
     for q in questions:
         lines = scored_lines(q["rationale"])
-        labels = line_labels(lines, q) if cof else [1.0] * len(lines)
+        labels = line_labels(lines, q) if graded else [1.0] * len(lines)
         out.append({"id": q["id"], "prompt": q["prompt"], "steps": lines, "labels": labels,
                     "source": "chain", "task_type": q["task_type"]})
     return out

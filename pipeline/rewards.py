@@ -15,7 +15,6 @@ raises on a completion: a model's output is untrusted input.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -24,7 +23,6 @@ from pipeline import task as tasks
 from pipeline.config import RewardsConfig, import_reward
 
 ANSWER_TYPES = ("number", "binary", "text")
-_STEP_LINE = re.compile(rf"^{re.escape(grading.STEP_PREFIX)}([1-9]\d*):(.*)$")
 
 
 def completion_text(completion: object) -> str:
@@ -65,20 +63,6 @@ def gold_steps(step_values: object) -> list[str] | None:
 def is_correct(text: str, answer: str, answer_type: str) -> bool:
     """The completion's answer, read and graded as the active task says (`pipeline.task`)."""
     return tasks.active().is_correct(text, answer, answer_type)
-
-
-def is_formatted(text: str) -> bool:
-    """Lines "Step 1: ..." .. "Step n: ..." (n >= 1, each with a body), then one "Answer: <x>"; blank lines ignored."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) < 2 or not lines[-1].startswith(grading.ANSWER_PREFIX):
-        return False
-    if not lines[-1][len(grading.ANSWER_PREFIX) :].strip():
-        return False
-    for k, line in enumerate(lines[:-1], start=1):
-        match = _STEP_LINE.match(line)
-        if not match or int(match.group(1)) != k or not match.group(2).strip():
-            return False
-    return True
 
 
 class Reward:

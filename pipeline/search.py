@@ -1,7 +1,11 @@
-"""Step-level search with a policy: one reasoning line at a time, many questions per batch.
+"""Step-level search with a policy: one reasoning step at a time, many questions per batch.
+
+A step is a line, or a paragraph with `task.step_split: paragraph` (pipeline/task.py); "line"
+below means either.
 
 - `StepPolicy` samples next lines for many prefixes at once (it stops at the
-  newline) and completes prefixes greedily; it counts the tokens it generates.
+  newline, or at a paragraph's blank line) and completes prefixes greedily; it counts the tokens
+  it generates.
 - `mcts` is the tree search of PROPA (docs/methods.md, "Step labels"), shared by the step labels
   of `prm_data` (a node's value: does a greedy rollout from it reach the right
   answer) and PRM-MCTS decoding in `evaluate` (a node's value: the PRM's score
@@ -10,13 +14,15 @@
   highest among about `n` sampled ones.
 
 A path is the tuple of lines below the prompt; the policy continues
-`prompt + line1 + "\\n" + ... + line_k + "\\n"`, exactly what it wrote itself, the prompt as the
-policy reads it (`StepPolicy.render`: raw, or templated by `pipeline.chat`).
+`prompt + line1 + "\\n" + ... + line_k + "\\n"` (paragraphs: each ended by a blank line), what it wrote
+itself, the prompt as the policy reads it (`StepPolicy.render`: raw, or templated by `pipeline.chat`).
+The PRM reads a path's steps as `Task.steps` gives them (`scored`: a paragraph's whitespace collapsed).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,10 +30,11 @@ from tqdm.auto import tqdm
 
 from pipeline import chat
 from pipeline import task as tasks
-from pipeline.generation import generate
+from pipeline.generation import BlankLineStop, generate, token_texts
 from pipeline.prm import aggregate
 
 Path = tuple[str, ...]
+_BLANK_LINE = re.compile(r"\n\s*\n")
 
 
 @dataclass(frozen=True)
@@ -38,36 +45,53 @@ class Line:
 
 
 def prefix(prompt: str, lines: Path) -> str:
-    return prompt + "".join(line + "\n" for line in lines)
+    """The prompt and the path's steps, each ended by the task's step break (a newline, or a blank line)."""
+    return prompt + tasks.active().join(lines)
 
 
 def completion(lines: Path) -> str:
-    return "\n".join(lines)
+    return tasks.active().step_break.join(lines)
+
+
+def scored(lines: Path) -> Path:
+    """A path's steps as the PRM reads them (`Task.steps`): a paragraph's whitespace collapsed."""
+    return tuple(tasks.active().normalize(line) for line in lines)
 
 
 def newline_ids(tokenizer) -> list[int]:
-    """Every token whose text holds a newline: each ends a line (a tokenizer may merge ".\n").
-
-    One batched decode of the whole vocabulary, in Rust for a fast tokenizer (several times faster than
-    `batch_decode` on a vocabulary of 150k tokens).
-    """
-    ids = sorted(tokenizer.get_vocab().values())
-    singles = [[i] for i in ids]
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    texts = (backend.decode_batch(singles, skip_special_tokens=False) if backend is not None
-             else tokenizer.batch_decode(singles))
+    """Every token whose text holds a newline: each ends a line (a tokenizer may merge ".\n")."""
+    ids, texts = token_texts(tokenizer)
     return [i for i, text in zip(ids, texts) if "\n" in text]
 
 
+def next_step(text: str, paragraphs: bool) -> tuple[str, bool]:
+    """(the first step of a sampled continuation, stripped; did a step break end it).
+
+    A line ends at its newline; a paragraph at a blank line after some text (whitespace before it is not a
+    break: `BlankLineStop` reads it the same way).
+    """
+    if not paragraphs:
+        line, newline, _ = text.partition("\n")
+        return line.strip(), bool(newline)
+    parts = _BLANK_LINE.split(text.lstrip(), maxsplit=1)
+    return parts[0].strip(), len(parts) > 1
+
+
 class StepPolicy:
-    """A local causal LM sampled one line at a time (newline tokens stop a row), or completed greedily."""
+    """A local causal LM sampled one step at a time, or completed greedily.
+
+    Newline tokens stop a line; with the active task's `step_split: paragraph`, a blank line after some
+    text stops a paragraph (`BlankLineStop`).
+    """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 512, step_tokens: int = 64, completion_tokens: int = 192,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.step_tokens, self.completion_tokens = step_tokens, completion_tokens
         self.temperature, self.top_p, self.top_k, self.seed = temperature, top_p, top_k, seed
-        self.stop_ids = newline_ids(tokenizer)
+        self.paragraphs = tasks.active().step_split == "paragraph"
+        self.stop_ids = [] if self.paragraphs else newline_ids(tokenizer)
+        self.stop = BlankLineStop(tokenizer) if self.paragraphs else None
         self.tokens = 0  # generated so far
         self._calls = 0
 
@@ -86,16 +110,15 @@ class StepPolicy:
         gens = generate(
             self.model, self.tokenizer, prefixes, max_new_tokens=self.step_tokens, batch_size=self.batch_size,
             do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            num_return_sequences=n, seed=self._next_seed(), progress=False, stop_ids=self.stop_ids,
+            num_return_sequences=n, seed=self._next_seed(), progress=False, stop_ids=self.stop_ids, stop=self.stop,
         )
         out = []
         for per_prefix in gens:
             lines = []
             for g in per_prefix:
                 self.tokens += g.tokens
-                text, newline, _ = g.text.partition("\n")
-                line = text.strip()
-                lines.append(Line(line, g.tokens, terminal=tasks.active().ends_path(line) or not newline))
+                line, ended = next_step(g.text, self.paragraphs)
+                lines.append(Line(line, g.tokens, terminal=tasks.active().ends_path(line) or not ended))
             out.append(lines)
         return out
 
@@ -220,7 +243,7 @@ def best_terminal(root: Node) -> Node | None:
 
 def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, n: int, width: int,
                 max_steps: int, how: str) -> list[str]:
-    """Step-level beam search: per question about `n` candidate lines a step, the PRM keeps the best `width`.
+    """Step-level beam search: per question about `n` candidate steps a step, the PRM keeps the best `width`.
 
     `score(prompts, paths)` returns the PRM's line scores of each path. A kept
     terminal line finishes a path; the search of a question ends with `width`
@@ -241,7 +264,7 @@ def beam_search(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, 
             for line in lines:
                 candidates.setdefault(i, {}).setdefault(path + (line.text,), line.terminal or depth + 1 >= max_steps)
         flat = [(i, path, terminal) for i, paths in candidates.items() for path, terminal in paths.items()]
-        line_scores = score([prompts[i] for i, _, _ in flat], [path for _, path, _ in flat])
+        line_scores = score([prompts[i] for i, _, _ in flat], [scored(path) for _, path, _ in flat])
         by_question: dict[int, list] = {}
         for (i, path, terminal), scores in zip(flat, line_scores):
             by_question.setdefault(i, []).append((aggregate(scores, "last"), path, terminal, scores))
@@ -262,7 +285,7 @@ def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, ite
     A tree without a terminal node completes its best path (highest mean score) greedily.
     """
     def evaluate(owners: list[int], nodes: list[Node]) -> list[float]:
-        scores = score([prompts[i] for i in owners], [node.lines for node in nodes])
+        scores = score([prompts[i] for i in owners], [scored(node.lines) for node in nodes])
         return [aggregate(s, "last") for s in scores]
 
     roots = mcts(prompts, policy, evaluate, iterations=iterations, children=children, c=c, max_steps=max_steps)
@@ -300,6 +323,7 @@ def rollout_evaluator(prompts: Sequence[str], policy: StepPolicy, reward: Callab
 
 
 def tree_paths(root: Node) -> list[tuple[Path, list[float]]]:
-    """One (lines, Q of every node on the path) per leaf: every visited node's Q appears in some row."""
-    return [(leaf.lines, [n.q for n in leaf.path()])
+    """One (lines as the PRM reads them, Q of every node on the path) per leaf: every visited node's Q appears in
+    some row."""
+    return [(scored(leaf.lines), [n.q for n in leaf.path()])
             for leaf in root.walk() if leaf.parent is not None and not leaf.children]

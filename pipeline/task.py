@@ -52,6 +52,12 @@ class Task:
         return self.kind == "cof"
 
     @property
+    def has_gold_step_values(self) -> bool:
+        """Each question carries the value every gold step computes (the chart task): steps can be graded one by
+        one against them; a dataset's steps are labelled by rollouts instead."""
+        return self.is_cof
+
+    @property
     def step_break(self) -> str:
         """What ends one step in a completion: a newline, or a blank line between paragraphs."""
         return "\n\n" if self.step_split == "paragraph" else "\n"
@@ -107,6 +113,10 @@ class Task:
         raw = self._raw_parts(completion)
         return [" ".join(p.split()) for p in raw] if self.step_split == "paragraph" else raw
 
+    def normalize(self, step: str) -> str:
+        """A step as `steps` gives it: a paragraph's whitespace collapsed, a line stripped."""
+        return " ".join(step.split()) if self.step_split == "paragraph" else step.strip()
+
     def join(self, steps: list[str] | tuple[str, ...]) -> str:
         """Steps back into completion text, each ended by the step break (what the policy continues)."""
         return "".join(step + self.step_break for step in steps)
@@ -115,9 +125,7 @@ class Task:
         """The task's shape: cof `Step 1..n` then `Answer:`; a dataset at least one step before a last step that
         states the answer, and nothing after it."""
         if self.is_cof:
-            from pipeline.rewards import is_formatted  # the chart task's own check
-
-            return is_formatted(completion)
+            return _cof_formatted(completion)
         parts = self._parts(completion)
         if len(parts) < 2 or self.steps(completion) != parts:  # no step before the answer, or text after it
             return False
@@ -131,6 +139,23 @@ class Task:
             return body
         ending = _ANSWER_ENDINGS[self.answer_format].format(answer)
         return f"{body}{self.step_break}{ending}" if body else ending
+
+
+_STEP_LINE = re.compile(rf"^{re.escape(grading.STEP_PREFIX)}([1-9]\d*):(.*)$")
+
+
+def _cof_formatted(text: str) -> bool:
+    """Lines "Step 1: ..." .. "Step n: ..." (n >= 1, each with a body), then one "Answer: <x>"; blank lines ignored."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or not lines[-1].startswith(grading.ANSWER_PREFIX):
+        return False
+    if not lines[-1][len(grading.ANSWER_PREFIX) :].strip():
+        return False
+    for k, line in enumerate(lines[:-1], start=1):
+        match = _STEP_LINE.match(line)
+        if not match or int(match.group(1)) != k or not match.group(2).strip():
+            return False
+    return True
 
 
 def _cof_steps(completion: str) -> list[str]:

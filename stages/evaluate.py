@@ -19,7 +19,7 @@ import argparse
 import time
 
 from pipeline import paths
-from pipeline.config import EvaluateConfig, TaskConfig, check_task_fit, load_section
+from pipeline.config import EvaluateConfig, load_section
 from pipeline.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
 from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
@@ -197,7 +197,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with expected_errors():
         cfg = load_section("evaluate", EvaluateConfig)
-        check_task_fit(load_section("task", TaskConfig), evaluate=cfg)
     run_stage("evaluate", _flow, cfg, args.model)
 
 

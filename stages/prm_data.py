@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from pipeline import paths
 from pipeline import task as tasks
-from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, check_task_fit, load_section
+from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
@@ -219,7 +219,6 @@ def main() -> None:
         cfg = load_section("prm_data", PRMDataConfig)
         synth = load_section("synthesize", SynthesizeConfig)
         task_cfg = load_section("task", TaskConfig)
-        check_task_fit(task_cfg, prm_data=cfg)
         if task_cfg.kind == "cof" and cfg.question_seed == synth.seed:
             raise InputError(f"params.yaml: prm_data.question_seed ({cfg.question_seed}) must differ from "
                              "synthesize.seed: the same seed draws the tables the policy trained on")

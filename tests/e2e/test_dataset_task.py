@@ -136,10 +136,10 @@ def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_ap
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {tmp_path / 'math'}, prompt_field: problem, "
         "answer_field: solution, answer_extraction: boxed, val_fraction: 0.1}", "task.answer_format=boxed",
-        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc]", "prm_data.mcts_questions=0",
-        "evaluate.decoding.strategies=[greedy, maj_at_n, prm_best_of_n]"])
-    # Up to sft's evaluation: what a MATH file changes (extraction, math-verify grading, paragraph steps, MC
-    # labels, PRM-reranked evaluation). The RL stages after sft run on a dataset task in the GSM8K test above.
+        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc, mcts]"])
+    # Up to sft's evaluation: what a MATH file changes (extraction, math-verify grading, paragraph steps, MC and
+    # MCTS labels searched a paragraph at a time, PRM-reranked evaluation, PRM beam search and MCTS over
+    # paragraphs). The RL stages after sft run on a dataset task in the GSM8K test above.
     proc = sh([sys.executable, "-m", "pipeline", "repro", "evaluate@sft"], repo)
     upstream = ["synthesize", "animate", "base", "teacher", "distill", "sft", "prm_data", "prm", "evaluate@sft"]
     assert ran_stages(proc.stdout + proc.stderr) == sorted(upstream)
@@ -149,4 +149,9 @@ def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_ap
     assert any(r["answer"].startswith("\\frac{") for r in train)  # nested braces kept whole
     # The solution already states its answer in \boxed{}: it is the SFT completion as it is, two paragraph steps.
     assert all(r["rationale"].endswith("}$.") and len(r["steps"]) == 2 for r in train)
-    assert json.loads((repo / "metrics/evaluate/sft.json").read_text())["questions"] > 0
+    metrics = json.loads((repo / "metrics/evaluate/sft.json").read_text())
+    assert metrics["questions"] > 0
+    assert {"prm_beam", "prm_mcts"} <= set(metrics["decoding"])
+    labels = read_rows(repo / "data/prm_data/train.parquet") + read_rows(repo / "data/prm_data/val.parquet")
+    searched = [r for r in labels if r["source"] == "mcts"]
+    assert searched and all(step == " ".join(step.split()) for r in searched for step in r["steps"])

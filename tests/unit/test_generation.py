@@ -76,3 +76,80 @@ def test_tiny_top_p_is_greedy(tiny):
     nucleus = generate(model, tok, PROMPTS, max_new_tokens=8, do_sample=True, temperature=1.0, top_p=1e-6,
                        progress=False)
     assert nucleus == greedy
+
+
+class Vocabulary:
+    """A tokenizer stand-in for `token_texts`: a fixed id -> text table, decoded one token at a time."""
+
+    def __init__(self, texts: dict[int, str]) -> None:
+        self.texts = texts
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"t{i}": i for i in self.texts}
+
+    def batch_decode(self, rows):
+        return [self.texts[row[0]] for row in rows]
+
+
+def test_a_blank_line_after_text_ends_a_row_however_the_newlines_are_tokenized():
+    from pipeline.generation import BlankLineStop
+
+    vocab = Vocabulary({0: "a", 1: "\n", 2: "\n\n", 3: " ", 4: ".\n", 5: "\nb", 6: "x\n\ny", 7: ".\n\n", 8: ""})
+    rule = BlankLineStop(vocab)
+    # each row's tokens, one per step; the step at which it should end (None: it runs on)
+    rows = [
+        ([1, 1, 0, 1, 3, 1], 5),     # leading newlines do not count; "a\n \n" ends at the second newline
+        ([0, 2, 0, 0, 0, 0], 1),     # "a" then one "\n\n" token
+        ([0, 4, 5, 0, 0, 0], 2),     # "a.\n" then "\nb": the break is inside the next token's leading newline
+        ([6, 0, 0, 0, 0, 0], 0),     # a blank line inside one token
+        ([7, 0, 0, 0, 0, 0], 0),     # ".\n\n": text then two newlines in one token
+        ([0, 1, 0, 1, 0, 8], None),  # single newlines and an empty (special) token never end a paragraph
+        ([2, 2, 0, 1, 8, 1], 5),     # "\n\n\n\na\n" + "" + "\n": an empty token keeps the run of newlines
+    ]
+    tracker = rule.tracker(len(rows), "cpu")
+    ended: list[int | None] = [None] * len(rows)
+    for step in range(6):
+        stops = tracker.step(torch.tensor([tokens[step] for tokens, _ in rows]))
+        for r, stop in enumerate(stops.tolist()):
+            if stop and ended[r] is None:
+                ended[r] = step
+    assert ended == [want for _, want in rows]
+    # rows leave the batch: the tracker follows the rows kept
+    tracker = rule.tracker(2, "cpu")
+    tracker.step(torch.tensor([0, 1]))
+    tracker.step(torch.tensor([1, 0]))  # row 0: "a\n", row 1: "\na"
+    tracker.keep(torch.tensor([1]))
+    assert tracker.step(torch.tensor([1])).tolist() == [False]  # row 1 has "\na\n": one newline after its text
+    assert tracker.step(torch.tensor([1])).tolist() == [True]
+
+
+def test_decoding_with_the_blank_line_rule_cuts_each_row_at_its_first_paragraph(tiny):
+    import re
+
+    from pipeline.generation import BlankLineStop
+
+    import copy
+
+    from pipeline.search import newline_ids
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    # A head that favours newline tokens, so that blank lines occur within 40 tokens.
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[newline_ids(tok)] = 2.0
+    model.lm_head = head
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    free = decode(model, enc["input_ids"], enc["attention_mask"], 40, eos_id=-1)
+    cut = decode(model, enc["input_ids"], enc["attention_mask"], 40, eos_id=-1, stop=BlankLineStop(tok))
+
+    def first_paragraph(tokens):
+        for k in range(1, len(tokens) + 1):
+            if re.search(r"\S[^\S\n]*\n\s*\n", tok.decode(tokens[:k])):
+                return tokens[:k]
+        return tokens
+
+    assert cut == [first_paragraph(row) for row in free]
+    assert any(len(c) < len(f) for c, f in zip(cut, free))  # some row met a blank line

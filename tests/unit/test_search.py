@@ -267,3 +267,86 @@ def test_report_tables_each_model_with_both_faithfulness_probes():
     assert "| sft | prm_best_of_n | 0.45 | 0.1 | +0.050 (0.021) | 48.0 | 0.0 | 0.01 |" in table
     assert "| sft | 45 | 1 | 1.0 | 15 | 15 | 0.5333 |" in table
     assert "| old | 3 | 0 | None | None | None | None |" in table  # metrics from before the trend probe still render
+
+
+class ParagraphPolicy(ScriptedPolicy):
+    """ScriptedPolicy for paragraph steps: a prefix's steps are its blank-line separated paragraphs."""
+
+    def next_lines(self, prefixes, n):
+        out = []
+        for p in prefixes:
+            self.calls.append(p)
+            path = tuple(part for part in p[len(PROMPT):].split("\n\n") if part)
+            options = self.tree.get(path, ["#### 0"])
+            out.append([Line(options[i % len(options)], 3, terminal=options[i % len(options)].startswith("####"))
+                        for i in range(n)])
+        return out
+
+
+@pytest.fixture
+def paragraphs():
+    from pipeline import task as tasks
+
+    tasks.use(tasks.Task("dataset", "gsm8k", "exact", "paragraph"))
+    yield
+    tasks.use(None)
+
+
+def test_a_sampled_step_is_a_line_or_a_paragraph():
+    from pipeline.search import next_step
+
+    assert next_step("Step 1: a.\nStep 2: b.", paragraphs=False) == ("Step 1: a.", True)
+    assert next_step("Answer: 3", paragraphs=False) == ("Answer: 3", False)
+    # a paragraph keeps its own line breaks; leading whitespace is not a break; a blank line with spaces is
+    assert next_step("\n3 * 4 = 12\napples.\n \nthen", paragraphs=True) == ("3 * 4 = 12\napples.", True)
+    assert next_step("#### 10", paragraphs=True) == ("#### 10", False)
+
+
+def test_beam_search_on_paragraph_steps_continues_blank_lines_and_scores_collapsed_paragraphs(paragraphs):
+    first_good, first_bad = "3 * 4 = 12\napples.", "3 + 4 = 7\napples."
+    policy = ParagraphPolicy({(): [first_good, first_bad], (first_good,): ["#### 12"], (first_bad,): ["#### 7"]})
+    seen = []
+
+    def scorer(prompts, paths):
+        seen.extend(paths)
+        values = {"3 * 4 = 12 apples.": 0.9, "3 + 4 = 7 apples.": 0.1}
+        return [[values.get(step, 0.5) for step in path] for path in paths]
+
+    (text,) = beam_search([PROMPT], policy, scorer, n=2, width=1, max_steps=4, how="min")
+    assert text == "3 * 4 = 12\napples.\n\n#### 12"
+    assert policy.calls == [PROMPT, PROMPT + "3 * 4 = 12\napples.\n\n"]  # the paragraph as written, a blank line
+    assert ("3 * 4 = 12 apples.",) in seen and ("3 * 4 = 12 apples.", "#### 12") in seen
+    assert prefix(PROMPT, (first_good,)) == PROMPT + first_good + "\n\n"
+
+
+def test_mcts_labels_paragraph_paths_as_the_prm_reads_them(paragraphs):
+    policy = ParagraphPolicy({(): ["a\nb"], ("a\nb",): ["#### 1"]})
+    (root,) = mcts([PROMPT], policy, lambda o, n: [1.0] * len(n), iterations=2, children=1, c=1.0, max_steps=4)
+    assert dict(tree_paths(root)) == {("a b", "#### 1"): [1.0, 1.0]}
+
+
+def test_the_step_policy_samples_whole_paragraphs_on_a_tiny_model(paragraphs):
+    import torch
+
+    from pipeline.config import BaseModelConfig
+    from pipeline.models import build_student, train_tokenizer
+    from pipeline.search import StepPolicy
+
+    texts = [f"{a} + {b} = {a + b}\nso {a + b}.\n\n#### {a + b}" for a in range(10) for b in range(10)]
+    tok = train_tokenizer(texts, 200)
+    cfg = BaseModelConfig(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = build_student(cfg, tok)
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features)
+    with torch.no_grad():  # newlines favoured: paragraphs end within the step budget
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[newline_ids(tok)] = 4.0
+    model.lm_head = head
+    policy = StepPolicy(model, tok, step_tokens=48, temperature=1.0, seed=1)
+    assert policy.stop is not None and policy.stop_ids == []
+    lines = [line for per in policy.next_lines(["1 + 2 = 3\n\n", "4 + 4 = "], 4) for line in per]
+    assert len(lines) == 8 and policy.tokens == sum(line.tokens for line in lines)
+    assert all("\n\n" not in line.text and line.text == line.text.strip() for line in lines)
+    assert any(not line.terminal for line in lines)  # some ended at a blank line, not at the token limit

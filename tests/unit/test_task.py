@@ -103,15 +103,13 @@ def test_last_number_steps_state_answers_but_only_eos_ends_a_search_path():
     assert GSM8K.ends_path("#### 5") and not GSM8K.ends_path("3 + 2 = 5")
 
 
-def test_the_task_must_fit_the_prm_and_search_params():
-    from pipeline.config import EvaluateConfig, PRMConfig, PRMDataConfig, check_task_fit
+def test_the_task_must_fit_the_prm_params():
+    from pipeline.config import PRMConfig, check_task_fit
 
     dataset = TaskConfig(kind="dataset", dataset={"path": "openai/gsm8k"})
     with pytest.raises(ConfigError, match="prm.sources: gold labels need the chart task"):
         check_task_fit(dataset, prm=PRMConfig())
     check_task_fit(dataset, prm=PRMConfig(sources=["mc", "mcts"]))
-    paragraph = dataset.model_copy(update={"step_split": "paragraph"})
-    with pytest.raises(ConfigError, match="prm_data.mcts_questions") as err:
-        check_task_fit(paragraph, prm_data=PRMDataConfig(), evaluate=EvaluateConfig())
-    assert "evaluate.decoding.strategies: prm_beam, prm_mcts" in str(err.value)
-    check_task_fit(TaskConfig(), PRMConfig(), PRMDataConfig(), EvaluateConfig())  # the chart task: all of it
+    # paragraph steps serve every search: MCTS labels and PRM beam search and MCTS step one paragraph at a time
+    check_task_fit(dataset.model_copy(update={"step_split": "paragraph"}), prm=PRMConfig(sources=["mc", "mcts"]))
+    check_task_fit(TaskConfig(), PRMConfig())  # the chart task: all of it
