@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import faults
+from pipeline.runlock import running
 
 
 class InputError(Exception):
@@ -127,23 +128,9 @@ def _remove_stale(folder: Path, prefixes: tuple[str, ...]) -> None:
         if prefix is None:
             continue
         pid = path.name[len(prefix):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or running(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs; a zombie (killed, not yet reaped by init) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # no /proc (macOS): count it as running
-        return True
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:

@@ -94,6 +94,8 @@ def running(pid: int) -> bool:
 
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:  # another user's process
+        return True
     except psutil.Error:
         return False
 
