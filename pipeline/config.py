@@ -65,6 +65,10 @@ class SynthesizeConfig(Section):
     )
     render_charts: int = Field(20, ge=0, description="charts rendered to PNG per split (the first N questions)")
     max_attempts_factor: int = Field(200, ge=1, description="give up after this many attempts per requested question")
+    block_size: int = Field(1000, ge=1, description="questions per block: each block draws from its own seed, so "
+                            "blocks run in parallel (changing it changes the rows)")
+    workers: int = Field(1, ge=1, description="processes that draw the blocks, the stage's own among them (at most "
+                         "one per block); the output does not depend on it")
 
     @model_validator(mode="after")
     def _ranges(self) -> "SynthesizeConfig":

@@ -4,7 +4,8 @@ The questions every later stage reads, as data/synthesize/{train,val,test,ood}.p
 (the example contract of pipeline/io.py), with counts in metrics/synthesize.json.
 
 - `task.kind: cof`: Chain-of-Functions questions from random chart tables, with PNG charts
-  for the first `render_charts` questions of each split.
+  for the first `render_charts` questions of each split. The questions are drawn in blocks of
+  `block_size`, on `workers` processes; the files are the same whatever the number of workers.
 - `task.kind: dataset`: your dataset (`task.dataset`, read by pipeline/task_data.py). The
   chart columns stay empty; `rationale` is the SFT completion: the dataset's worked solution
   (or nothing) followed by the answer as `task.answer_format` states it. Rows whose answer
@@ -19,8 +20,7 @@ import time
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.cof.generate import generate_dataset
-from pipeline.cof.render import render_chart
+from pipeline.cof.generate import block_count, generate_dataset
 from pipeline.config import SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_json, write_manifest, write_rows
@@ -40,7 +40,13 @@ def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
     rows_by_split, stats = generate_dataset(cfg)
     gen_seconds = time.perf_counter() - start
     total = sum(len(rows) for rows in rows_by_split.values())
-    log.info("generated %d questions in %.1f s (%.0f/s)", total, gen_seconds, total / gen_seconds)
+    blocks = block_count(cfg)
+    log.info("generated %d questions in %.1f s (%.0f/s; %d blocks, workers: %d)", total, gen_seconds,
+             total / gen_seconds, blocks, min(cfg.workers, blocks))
+    # Imported here, not at the top: each synthesis worker re-runs this module (multiprocessing
+    # re-imports the main module), and matplotlib would add about 0.5 s to its start.
+    from pipeline.cof.render import render_chart
+
     out_dir = paths.stage_data("synthesize")
     with atomic_dir(out_dir) as tmp:
         charts = tmp / paths.charts_dir().relative_to(out_dir)
@@ -50,7 +56,8 @@ def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
                 render_chart(json.loads(row["table"]), charts / f"{row['id']}.png")
                 row["image_path"] = str(paths.charts_dir() / f"{row['id']}.png")
             write_rows(tmp / paths.split_file(split).name, rows, schema=EXAMPLE_SCHEMA)
-        write_manifest(tmp, "synthesize", cfg)
+        # Without `workers`: the folder is the same bytes whatever the number of workers.
+        write_manifest(tmp, "synthesize", cfg.model_dump(mode="json", exclude={"workers"}))
     write_json(
         paths.metrics_file("synthesize"),
         {**stats, "questions": total, "questions_per_second": round(total / gen_seconds, 1)},

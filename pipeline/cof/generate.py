@@ -6,20 +6,37 @@ Each table gets up to TRIES_PER_TABLE chain attempts and yields at most one
 question, so no table is shared by two rows (tables are deduplicated by the hash
 of their JSON). A chain whose length is in the ood range, or that feeds one
 function into another as in a held-out pair "f>g" (`cfg.ood_held_out_pairs`), is
-out-of-domain; the split of every other question is a hash of its text, so one
-question string never lands in two splits. Answer types follow
-`cfg.answer_type_weights` by quota, and binary answers are balanced Yes/No per
-final function. Everything is drawn from one `random.Random(cfg.seed)`: the same
-seed gives the same rows.
+out-of-domain; the split of every other question is a hash of its text, in
+proportion to the requested split sizes, so one question string never lands in
+two splits. Answer types follow `cfg.answer_type_weights` by quota, and binary
+answers are balanced Yes/No per final function, in each block.
+
+The request is cut into blocks of at most `cfg.block_size` questions (how many
+depends on the params alone), each drawn from its own quota, attempt budget and
+`random.Random(f"{seed}:{stream}")`, so that blocks run on `cfg.workers`
+processes in any order. Three rounds, each merged in block order, where a row
+whose split is full or whose table an earlier row has is dropped: blocks of
+in-domain and ood questions (stream "b"; the hash picks each text's split, so a
+split's count strays from its size); blocks that draw what each split lacks
+("fill:b"); a sequential repair pass ("repair"), on the tables left unused, for
+what a block out of budget or a table drawn twice left missing. The same params
+give the same rows, whatever the number of workers.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import pickle
 import random
 import re
+import tempfile
 from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
 
 from pipeline.cof.core import FUNCTIONS, Reject
 from pipeline.cof.explorer import Step, explore
@@ -32,6 +49,11 @@ IN_DOMAIN = ("train", "val", "test")
 # Chains tried on one table before drawing a new one: a table is cheap to reuse,
 # while one that suits few chains (one series, tied values) is soon dropped.
 TRIES_PER_TABLE = 4
+# A first-round block's quota counts in-domain questions together, whichever split
+# the hash of a text picks: a block held to each split's share wastes the texts of
+# a full split until its smallest split fills (about a quarter more attempts for
+# the default's 7,100 questions in blocks of 1,000).
+IN_DOMAIN_QUOTA = "in_domain"
 # Plain numbers in a question: "above 20", "top 3", "2019", not the 1 of "Q1".
 _QUESTION_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
 
@@ -98,23 +120,81 @@ def _next_answer_type(counts: Counter, weights: dict[str, float]) -> str:
     return max(sorted(weights), key=lambda t: weights[t] * n / total - counts[t])
 
 
-class _Generator:
-    """The running state of one generate_dataset call."""
+def table_key(table_json: str) -> str:
+    return hashlib.sha256(table_json.encode()).hexdigest()
 
-    def __init__(self, cfg: SynthesizeConfig) -> None:
-        self.cfg = cfg
-        self.rng = random.Random(cfg.seed)
-        self.wanted = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test, "ood": cfg.n_ood}
+
+def _rng(seed: int, stream: str) -> random.Random:
+    """The RNG of a block ("3"), a fill block ("fill:3") or the repair pass ("repair"): a str seed is hashed
+    with SHA-512, the same in every process (unlike hash())."""
+    return random.Random(f"{seed}:{stream}")
+
+
+def _sizes(cfg: SynthesizeConfig) -> dict[str, int]:
+    return {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test, "ood": cfg.n_ood}
+
+
+def block_count(cfg: SynthesizeConfig) -> int:
+    """Blocks of at most `cfg.block_size` questions: a function of the request, never of the workers."""
+    return -(-sum(_sizes(cfg).values()) // cfg.block_size)  # ceil
+
+
+def spread(counts: dict[str, int], blocks: int) -> list[dict[str, int]]:
+    """`counts` cut into `blocks` quotas that sum to them, each count's parts differing by at most one.
+
+    A count's larger parts start where the previous count's ended, so block totals differ by at most one.
+    """
+    quotas: list[dict[str, int]] = [{} for _ in range(blocks)]
+    offset = 0
+    for key, n in counts.items():
+        base, extra = divmod(n, blocks)
+        for b, quota in enumerate(quotas):
+            quota[key] = base + ((b - offset) % blocks < extra)
+        offset = (offset + n) % blocks
+    return quotas
+
+
+def block_quotas(cfg: SynthesizeConfig) -> list[dict[str, int]]:
+    """The first round's quotas: in-domain questions (IN_DOMAIN_QUOTA) and ood ones per block."""
+    in_domain = cfg.n_train + cfg.n_val + cfg.n_test
+    return spread({IN_DOMAIN_QUOTA: in_domain, "ood": cfg.n_ood}, block_count(cfg))
+
+
+class _Drawn(NamedTuple):
+    """What one block (or the repair pass) drew: its rows per split and its counters."""
+
+    rows: dict[str, list[dict]]
+    attempts: int
+    rejected: Counter
+
+
+class _Generator:
+    """Rows drawn from one RNG until the quota is met or the budget is spent: one block, or the repair pass.
+
+    `quota` counts rows per split ("train", "val", "test", "ood"), or in-domain
+    rows together (IN_DOMAIN_QUOTA) and "ood"; `seen_tables` are table keys not to
+    use again.
+    """
+
+    def __init__(self, cfg: SynthesizeConfig, rng: random.Random, quota: dict[str, int], budget: int,
+                 seen_tables: set[str] = frozenset()) -> None:
+        self.cfg, self.rng, self.quota, self.budget = cfg, rng, quota, budget
+        # The hash's split edges: the whole request's sizes, in every block.
+        self.shares = _sizes(cfg)
         self.held_out = parse_held_out(cfg.ood_held_out_pairs)
         self.rows: dict[str, list[dict]] = {s: [] for s in SPLITS}
+        self.filled: Counter = Counter()  # rows per quota key
         self.rejected: Counter = Counter()
         self.answer_types = {False: Counter(), True: Counter()}  # accepted types, by "aimed at ood"
         self.yes_no: Counter = Counter()  # (final function, bool answer) of accepted binary rows
-        self.seen_tables: set[str] = set()
+        self.seen_tables = set(seen_tables)
         self.attempts = 0
 
-    def missing(self, splits: tuple[str, ...] = SPLITS) -> int:
-        return sum(self.wanted[s] - len(self.rows[s]) for s in splits)
+    def missing(self, keys: tuple[str, ...] = ()) -> int:
+        return sum(self.quota[k] - self.filled[k] for k in keys or self.quota)
+
+    def _quota_key(self, split: str) -> str:
+        return split if split in self.quota else IN_DOMAIN_QUOTA
 
     def _reject(self, reason: str) -> bool:
         self.rejected[reason] += 1
@@ -123,8 +203,7 @@ class _Generator:
     def attempt(self, ctx: TableContext, table_json: str) -> bool:
         """One chain on this table; True when it became a row."""
         cfg, rng = self.cfg, self.rng
-        ood_missing = self.missing(("ood",))
-        want_ood = rng.random() < ood_missing / self.missing()
+        want_ood = rng.random() < self.missing(("ood",)) / self.missing()
         if want_ood:
             lo, hi = cfg.ood_min_chain_length, cfg.ood_max_chain_length
         else:
@@ -141,18 +220,20 @@ class _Generator:
             return self._reject("binary_balance")
         text = verbalize(rng, ctx, steps)
         ood = want_ood or bool(bigrams(steps) & self.held_out)
-        split = "ood" if ood else _in_domain_split(text.question, self.wanted)
+        split = "ood" if ood else _in_domain_split(text.question, self.shares)
         if _answer_in_question(text.answer, answer_type, text.question):
             return self._reject("answer_in_question")
-        if len(self.rows[split]) >= self.wanted[split]:
+        key = self._quota_key(split)
+        if self.filled[key] >= self.quota[key]:
             return self._reject("split_full")
         if answer_type == "binary":
             self.yes_no[(last.fn, last.value)] += 1
         self.answer_types[want_ood][answer_type] += 1
+        self.filled[key] += 1
         functions = [s.fn for s in steps]
         self.rows[split].append(
             {
-                "id": f"{split}-{len(self.rows[split]):06d}",
+                "id": "",  # numbered once the blocks are merged
                 "split": split,
                 "chart_type": ctx.table["chart_type"],
                 "table": table_json,
@@ -171,33 +252,98 @@ class _Generator:
         )
         return True
 
-    def run(self) -> None:
-        budget = self.cfg.max_attempts_factor * sum(self.wanted.values())
-        while self.missing():
+    def run(self) -> _Drawn:
+        """Draw until the quota is met or `budget` attempts are spent."""
+        while self.missing() and self.attempts < self.budget:
             table = random_table(self.rng, self.cfg)
             table_json = json.dumps(table, sort_keys=True, separators=(",", ":"))
-            key = hashlib.sha256(table_json.encode()).hexdigest()
+            key = table_key(table_json)
             if key in self.seen_tables:
                 # Counted as an attempt: a tiny table space must exhaust the budget, not loop.
-                self._count_attempt(budget)
+                self.attempts += 1
                 self.rejected["duplicate_table"] += 1
                 continue
             ctx = TableContext(table)
-            for _ in range(TRIES_PER_TABLE):
-                self._count_attempt(budget)
+            for _ in range(min(TRIES_PER_TABLE, self.budget - self.attempts)):
+                self.attempts += 1
                 if self.attempt(ctx, table_json):
                     self.seen_tables.add(key)
                     break
+        return _Drawn(self.rows, self.attempts, self.rejected)
 
-    def _count_attempt(self, budget: int) -> None:
-        if self.attempts >= budget:
-            missing = {s: self.wanted[s] - len(self.rows[s]) for s in SPLITS}
-            raise RuntimeError(
-                f"synthesize: gave up after {self.attempts} attempts (max_attempts_factor="
-                f"{self.cfg.max_attempts_factor}); still missing {missing}; "
-                f"top rejections: {dict(self.rejected.most_common(5))}"
-            )
-        self.attempts += 1
+
+def _draw_block(cfg: SynthesizeConfig, stream: str, quota: dict[str, int], budget: int) -> _Drawn:
+    return _Generator(cfg, _rng(cfg.seed, stream), quota, budget).run()
+
+
+def _draw_block_to_file(cfg: SynthesizeConfig, stream: str, quota: dict[str, int], budget: int, path: str) -> str:
+    """A worker's `_draw_block`, pickled to `path`: through the pool's pipe, a block's rows (about 0.75 MB a
+    thousand) would hold the worker until the caller, busy with blocks of its own, read them."""
+    Path(path).write_bytes(pickle.dumps(_draw_block(cfg, stream, quota, budget), pickle.HIGHEST_PROTOCOL))
+    return path
+
+
+class _Blocks:
+    """Draws blocks on `workers` processes, this one among them, and hands the draws back in block order."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = self.folder = None
+        if workers > 1:
+            # forkserver, not fork: the caller may hold threads (Prefect's). A worker re-runs the caller's
+            # main module (multiprocessing's rule), then imports this one: 0.3 s or more to its first block.
+            self.pool = ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("forkserver"))
+            self.folder = tempfile.TemporaryDirectory(prefix="synthesize-")
+
+    def draw(self, cfg: SynthesizeConfig, jobs: list[tuple[str, dict[str, int], int]]) -> list[_Drawn]:
+        """`_draw_block(cfg, stream, quota, budget)` of each job (stream, quota, budget)."""
+        if self.pool is None:
+            return [_draw_block(cfg, *job) for job in jobs]
+        futures = [self.pool.submit(_draw_block_to_file, cfg, *job, f"{self.folder.name}/{i}")
+                   for i, job in enumerate(jobs)]
+        mine = {}
+        # The pool takes blocks from the front, this process from the back until they meet: it draws
+        # while the workers start, and each side's last block ends about when the other's does.
+        for i in reversed(range(len(jobs))):
+            if not futures[i].cancel():
+                break
+            mine[i] = _draw_block(cfg, *jobs[i])
+        return [mine[i] if i in mine else pickle.loads(Path(future.result()).read_bytes())
+                for i, future in enumerate(futures)]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.folder.cleanup()
+
+
+class _Dataset:
+    """The rows kept so far, in the order the blocks are merged, and the counters of every block."""
+
+    def __init__(self, cfg: SynthesizeConfig) -> None:
+        self.sizes = _sizes(cfg)
+        self.rows: dict[str, list[dict]] = {s: [] for s in SPLITS}
+        self.tables: set[str] = set()
+        self.rejected: Counter = Counter()
+        self.attempts = 0
+
+    def missing(self) -> dict[str, int]:
+        return {s: n - len(self.rows[s]) for s, n in self.sizes.items()}
+
+    def take(self, drawn: Iterable[_Drawn]) -> None:
+        """Blocks in order: a row is dropped when its split is full or an earlier row has its table."""
+        for block in drawn:
+            self.attempts += block.attempts
+            self.rejected.update(block.rejected)
+            for split in SPLITS:
+                for row in block.rows[split]:
+                    key = table_key(row["table"])
+                    if key in self.tables:
+                        self.rejected["duplicate_table"] += 1
+                    elif len(self.rows[split]) >= self.sizes[split]:
+                        self.rejected["split_full"] += 1
+                    else:
+                        self.tables.add(key)
+                        self.rows[split].append(row)
 
     def stats(self) -> dict:
         def by_split(column: str) -> dict[str, dict[str, int]]:
@@ -218,10 +364,37 @@ class _Generator:
 
 
 def generate_dataset(cfg: SynthesizeConfig) -> tuple[dict[str, list[dict]], dict]:
-    """Rows per split ("train", "val", "test", "ood") and stats; raises when attempts run out."""
-    gen = _Generator(cfg)
-    gen.run()
-    return gen.rows, gen.stats()
+    """Rows per split ("train", "val", "test", "ood") and stats; raises when attempts run out.
+
+    In rounds of blocks (the module's docstring). With workers > 1, a caller's script needs the
+    `if __name__ == "__main__":` guard: multiprocessing re-runs it in each worker.
+    """
+    data = _Dataset(cfg)
+    budget = cfg.max_attempts_factor * sum(data.sizes.values())  # attempts, for the whole request
+    n = block_count(cfg)
+    blocks = _Blocks(min(cfg.workers, n))
+    try:
+        # Each block's budget: in proportion to its own quota.
+        first = [(str(b), q, cfg.max_attempts_factor * sum(q.values())) for b, q in enumerate(block_quotas(cfg))]
+        data.take(blocks.draw(cfg, first))
+        if any(data.missing().values()):
+            # Each split's shortfall, spread as the first round's quotas are; and what is left of the budget.
+            share = (budget - data.attempts) // n
+            data.take(blocks.draw(cfg, [(f"fill:{b}", q, share) for b, q in enumerate(spread(data.missing(), n))]))
+    finally:
+        blocks.close()
+    if any(data.missing().values()):
+        data.take([_Generator(cfg, _rng(cfg.seed, "repair"), data.missing(), budget - data.attempts,
+                              data.tables).run()])
+    if any(data.missing().values()):
+        raise RuntimeError(
+            f"synthesize: gave up after {data.attempts} attempts (max_attempts_factor={cfg.max_attempts_factor}); "
+            f"still missing {data.missing()}; top rejections: {dict(data.rejected.most_common(5))}"
+        )
+    for split in SPLITS:
+        for i, row in enumerate(data.rows[split]):
+            row["id"] = f"{split}-{i:06d}"
+    return data.rows, data.stats()
 
 
 def more_questions(cfg: SynthesizeConfig, n: int, seed: int, split: str, prefix: str) -> list[dict]:
@@ -236,8 +409,10 @@ def more_questions(cfg: SynthesizeConfig, n: int, seed: int, split: str, prefix:
         raise ValueError(f"more_questions: split must be one of {IN_DOMAIN}, got {split!r}")
     size = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}[split]
     factor = -(-n // size)  # ceil
+    # One process: the rows do not depend on the workers, and a worker would re-import the caller's main module
+    # (the PRM data stage's imports torch: seconds per worker for a draw of under a second).
     scaled = cfg.model_copy(update={"seed": seed, "n_train": cfg.n_train * factor, "n_val": cfg.n_val * factor,
-                                    "n_test": cfg.n_test * factor, "n_ood": 0, "render_charts": 0})
+                                    "n_test": cfg.n_test * factor, "n_ood": 0, "render_charts": 0, "workers": 1})
     rows = generate_dataset(scaled)[0][split][:n]
     return [{**row, "id": f"{prefix}-{i:06d}"} for i, row in enumerate(rows)]
 

@@ -1,4 +1,4 @@
-"""generate_dataset: exact counts, determinism, split hygiene, lengths, answer-type shares."""
+"""generate_dataset: exact counts, determinism, split hygiene, lengths, answer-type shares, blocks and workers."""
 
 import json
 import random
@@ -8,14 +8,22 @@ import pytest
 
 from pipeline.cof import generate
 from pipeline.cof.core import FUNCTIONS
-from pipeline.cof.generate import SPLITS, generate_dataset, more_questions, more_train_questions, parse_held_out, task_type
+from pipeline.cof.generate import (
+    SPLITS, block_count, block_quotas, generate_dataset, more_questions, more_train_questions, parse_held_out, spread,
+    task_type,
+)
 from pipeline.cof.tables import random_table
 from pipeline.config import SynthesizeConfig
 from pipeline.grading import extract_answer, grade, step_accuracy
+from pipeline.io import EXAMPLE_SCHEMA, write_rows
 from tests.conftest import FULL_SYNTHESIS
 
 SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10, **FULL_SYNTHESIS)
 LARGE = SynthesizeConfig(seed=11, n_train=1200, n_val=100, n_test=100, n_ood=200, **FULL_SYNTHESIS)
+BLOCKS = SMALL.model_copy(update={"block_size": 25})  # 90 questions in 4 blocks
+# Line charts of 2 points valued 0 to 2: a few thousand tables, so blocks draw the same ones.
+TINY_TABLES = SynthesizeConfig(seed=0, n_train=120, n_val=15, n_test=15, n_ood=15, block_size=30,
+                               chart_types=["line"], min_categories=2, max_categories=2, value_min=0, value_max=2)
 COLUMNS = {
     "id": str, "split": str, "chart_type": str, "table": str, "question": str, "prompt": str, "answer": str,
     "answer_type": str, "functions": list, "groups": list, "steps": list, "rationale": str, "chain_length": int,
@@ -109,6 +117,16 @@ def test_more_questions_of_a_held_out_split_keep_its_texts_and_draw_new_tables(s
         more_questions(SMALL, 5, seed=4, split="ood", prefix="x")
 
 
+def test_more_train_questions_in_blocks_keep_the_question_split():
+    """The guarantee holds whichever block draws a text: 270 scaled questions in 11 blocks of 25."""
+    more = more_train_questions(BLOCKS, 150, seed=4, prefix="prm")
+    assert len(more) == 150 and {r["split"] for r in more} == {"train"}
+    scaled, _ = generate_dataset(BLOCKS.model_copy(update={"n_train": 180, "n_val": 30, "n_test": 30, "n_ood": 0}))
+    rows, _ = generate_dataset(BLOCKS)
+    held_out = {r["question"] for split in ("val", "test") for r in rows[split] + scaled[split]}
+    assert not held_out & {r["question"] for r in more}
+
+
 def test_a_table_is_used_once_even_when_drawn_again(monkeypatch):
     pool = [random_table(random.Random(i), SMALL) for i in range(30)]
     monkeypatch.setattr(generate, "random_table", lambda rng, cfg: pool[rng.randrange(len(pool))])
@@ -116,6 +134,82 @@ def test_a_table_is_used_once_even_when_drawn_again(monkeypatch):
     tables = [r["table"] for r in all_rows(rows)]
     assert len(set(tables)) == len(tables) == 11
     assert stats["rejected"]["duplicate_table"] > 0
+
+
+def test_quotas_spread_over_blocks_sum_to_the_request():
+    cfg = SMALL.model_copy(update={"n_ood": 3, "block_size": 7})  # 83 questions: 12 blocks, 3 with ood
+    quotas = block_quotas(cfg)
+    assert len(quotas) == block_count(cfg) == 12
+    assert sum(q["in_domain"] for q in quotas) == 80 and sum(q["ood"] for q in quotas) == 3
+    assert {sum(q.values()) for q in quotas} == {6, 7}  # the larger parts of each count follow on
+    assert quotas == block_quotas(cfg.model_copy(update={"workers": 5}))
+    parts = spread({"train": 10, "val": 2, "test": 0, "ood": 1}, 4)
+    assert [sum(q[s] for q in parts) for s in SPLITS] == [10, 2, 0, 1]
+    # train 3, 3, 2, 2: val's larger parts start at block 2, then ood's at block 0.
+    assert [q["val"] for q in parts] == [0, 0, 1, 1] and [q["ood"] for q in parts] == [1, 0, 0, 0]
+
+
+def test_a_block_with_an_empty_split_draws_only_the_others():
+    rows, attempts, rejected = generate._draw_block(SMALL, "0", {"train": 4, "val": 0, "test": 0, "ood": 2}, 10_000)
+    assert {s: len(rows[s]) for s in SPLITS} == {"train": 4, "val": 0, "test": 0, "ood": 2}
+    assert attempts >= 6 and rejected["split_full"] > 0  # val and test texts were drawn, and turned away
+    # A request whose ood is smaller than the block count: blocks 2 and 3 (of 0 to 3) have no ood quota.
+    rows, _ = generate_dataset(BLOCKS.model_copy(update={"n_ood": 2}))
+    assert {s: len(rows[s]) for s in SPLITS} == {"train": 60, "val": 10, "test": 10, "ood": 2}
+
+
+def test_the_rows_are_the_same_whatever_the_workers(tmp_path):
+    """Byte for byte, in the stage's parquet files too: the blocks' seeds and merge order depend on the params alone."""
+
+    def parquet_bytes(rows, folder):
+        folder.mkdir()
+        for split in SPLITS:
+            write_rows(folder / f"{split}.parquet", rows[split], schema=EXAMPLE_SCHEMA)
+        return [(folder / f"{split}.parquet").read_bytes() for split in SPLITS]
+
+    rows, stats = generate_dataset(BLOCKS)
+    assert {s: len(rows[s]) for s in SPLITS} == {"train": 60, "val": 10, "test": 10, "ood": 10}
+    assert [r["id"] for r in rows["train"][:2]] == ["train-000000", "train-000001"]
+    files = parquet_bytes(rows, tmp_path / "1")
+    for workers in (2, 3):
+        again, again_stats = generate_dataset(BLOCKS.model_copy(update={"workers": workers}))
+        assert json.dumps(again) == json.dumps(rows) and again_stats == stats
+        assert parquet_bytes(again, tmp_path / str(workers)) == files
+    owner = {}
+    for r in all_rows(rows):
+        assert owner.setdefault(r["question"], r["split"]) == r["split"]  # the hash of a text is global
+    assert rows != generate_dataset(SMALL)[0]  # block_size is part of the seed
+
+
+def test_a_table_drawn_by_two_blocks_is_kept_once():
+    cfg = TINY_TABLES
+    owner = {}
+    for block, quota in enumerate(block_quotas(cfg)):
+        drawn = generate._draw_block(cfg, str(block), quota, 10_000)
+        for r in all_rows(drawn.rows):
+            owner.setdefault(r["table"], []).append(block)
+    assert any(len(set(blocks)) > 1 for blocks in owner.values())  # the case under test happens
+    rows, stats = generate_dataset(cfg)
+    tables = [r["table"] for r in all_rows(rows)]
+    assert len(set(tables)) == len(tables) == 165 and stats["rejected"]["duplicate_table"] > 0
+    assert {s: len(rows[s]) for s in SPLITS} == {"train": 120, "val": 15, "test": 15, "ood": 15}
+    again = generate_dataset(cfg.model_copy(update={"workers": 2}))
+    assert json.dumps(again) == json.dumps((rows, stats))
+
+
+def test_the_repair_pass_fills_what_shared_tables_left_missing(monkeypatch):
+    """14 tables for 11 questions in 4 blocks: blocks and fills share tables; the repair pass takes unused ones."""
+    pool = [random_table(random.Random(i), SMALL) for i in range(14)]
+    monkeypatch.setattr(generate, "random_table", lambda rng, cfg: pool[rng.randrange(len(pool))])
+    streams = []
+    rng = generate._rng
+    monkeypatch.setattr(generate, "_rng", lambda seed, stream: streams.append(stream) or rng(seed, stream))
+    cfg = SMALL.model_copy(update={"n_train": 8, "n_val": 1, "n_test": 1, "n_ood": 1, "block_size": 3})
+    rows, stats = generate_dataset(cfg)
+    assert streams[:4] == ["0", "1", "2", "3"] and streams[-1] == "repair"
+    tables = [r["table"] for r in all_rows(rows)]
+    assert len(set(tables)) == len(tables) == 11
+    assert generate_dataset(cfg) == (rows, stats)
 
 
 def test_chain_lengths_per_split(large):
