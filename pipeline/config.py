@@ -439,11 +439,23 @@ class GRPOStageConfig(Section):
     success_prompts: int = Field(
         100, ge=0, description="after training, resample this many RL-pool prompts to measure the success rate p_after"
     )
+    use_vllm: bool = Field(False, description="rollouts from TRL's vLLM integration (weights synced every step; "
+                           "guided replay and the rewards as with the decode loop); needs vLLM and CUDA")
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="colocate: vLLM in the training process, on its GPU; server: a `trl vllm-serve` "
+        "process at vllm_server_base_url")
+    vllm_server_base_url: str | None = Field(None, description="server mode: the URL of a running `trl vllm-serve "
+                                             "--model models/sft`, e.g. http://127.0.0.1:8000")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocate: the GPU memory share vLLM "
+                                               "takes (weights and KV cache); training keeps the rest")
 
     @model_validator(mode="after")
     def _replay(self) -> "GRPOStageConfig":
         if self.replay_samples >= self.num_generations:
             raise ValueError("replay_samples must be < num_generations (the group needs its own rollouts)")
+        if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_base_url:
+            raise ValueError("vllm_mode server needs vllm_server_base_url (start one with `trl vllm-serve --model "
+                             "models/sft`)")
         return self
 
 
@@ -717,6 +729,20 @@ class ModelLoadConfig(Section):
         "only transformers' own classes load. Weights load from safetensors files either way")
 
 
+class GenerationConfig(Section):
+    """`generation`: which engine samples a local model in mine, prm_data, evaluate and a local teacher's distill."""
+
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: the pipeline's KV-cache decode loop on transformers (any device); vllm: vLLM's "
+        "engine (CUDA, `pip install -e .[gpu]`), sampling alike but faster on a GPU; step-level search and the PRM "
+        "stay on transformers")
+    vllm_gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="vllm: the GPU memory share vLLM takes; the rest holds the transformers "
+        "copy that step search and the PRM use")
+    vllm_max_model_len: int | None = Field(None, ge=16, description="vllm: longest prompt plus completion in tokens "
+                                           "(null: the model's own limit)")
+
+
 class PromptConfig(Section):
     """`prompt`: how a question reaches the model: as its own text, or through the tokenizer's chat template."""
 
@@ -851,6 +877,7 @@ SECTIONS: dict[str, type[Section]] = {
     "task": TaskConfig,
     "prompt": PromptConfig,
     "model": ModelLoadConfig,
+    "generation": GenerationConfig,
     "synthesize": SynthesizeConfig,
     "base": BaseModelConfig,
     "teacher": TeacherConfig,
@@ -958,18 +985,29 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
+    from pipeline.engines import require_vllm  # vLLM asked for: installed, and a CUDA device to run it
+
+    if sections["generation"].engine == "vllm":
+        require_vllm("generation.engine", path)
+    if sections["grpo"].use_vllm:
+        require_vllm("grpo.use_vllm", path)
     for key, train in (("sft", sections["sft"]), ("teacher.train", sections["teacher"].train)):
-        if train.packing and sections["model"].attn_implementation != "flash_attention_2":
-            raise ConfigError(f"{path}: {key}.packing: padding-free packing turns a batch into one sequence, which "
-                              "attention other than flash_attention_2 reads whole (quadratic in the batch: 136 GB and "
-                              "7x slower on an H200, BENCHMARKS.md); set model.attn_implementation: flash_attention_2 "
-                              "or packing: false")
+        check_packing(train, sections["model"], key, path)
     from pipeline import launch  # this machine's GPUs or cores against each training stage's processes
 
     for stage in launch.TRAINING_STAGES:
         if (plan := launch.plan_for(stage, sections["launch"])) is not None:
             launch.check(plan)
     return sections
+
+
+def check_packing(train: TrainConfig, model: ModelLoadConfig, key: str, path: Path | str = PARAMS_FILE) -> None:
+    """Packing needs flash_attention_2: checked by `python -m pipeline repro` and again by the trainer at start."""
+    if train.packing and model.attn_implementation != "flash_attention_2":
+        raise ConfigError(f"{path}: {key}.packing: padding-free packing turns a batch into one sequence, which "
+                          "attention other than flash_attention_2 reads whole (quadratic in the batch: 136 GB and "
+                          "7x slower on an H200, BENCHMARKS.md); set model.attn_implementation: flash_attention_2 "
+                          "or packing: false")
 
 
 def check_task_fit(task: TaskConfig, prm: "PRMConfig", path: Path | str = PARAMS_FILE) -> None:

@@ -34,7 +34,7 @@ from pipeline.io import atomic_write_text
 PROFILES_DIR = Path("profiles")
 DEFAULT = "default"
 # Keys a profile file may hold besides `params`.
-PROFILE_KEYS = {"description", "extends", "params"}
+PROFILE_KEYS = {"description", "extends", "params", "requires"}
 # The header lines that record how params.yaml was resolved.
 _HEADER_PROFILE = re.compile(r"^# profile: (\S+)$")
 _HEADER_SET = re.compile(r"^# set: (.+)$")
@@ -62,13 +62,34 @@ def read_profile(name: str, root: Path | None = None) -> dict:
     path = profiles_dir(root) / f"{name}.yaml"
     if not path.is_file():
         raise unknown_profile(name, root)
-    data = read_mapping(path, "description, extends, params")
+    data = read_mapping(path, "description, extends, params, requires")
     extra = sorted(set(data) - PROFILE_KEYS)
     if extra:
         raise ConfigError(f"{path}: {extra[0]}: unknown key (known: {', '.join(sorted(PROFILE_KEYS))})")
-    if not isinstance(data.get("params") or {}, dict):
-        raise ConfigError(f"{path}: params: must be a mapping of sections")
+    for key in ("params", "requires"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise ConfigError(f"{path}: {key}: must be a mapping")
     return data
+
+
+def required(name: str, root: Path | None = None) -> dict[str, str]:
+    """{dotted key: what to set it to} that a profile and those it extends leave for `-S` (a model to bring)."""
+    data = read_profile(name, root)
+    base = required(data["extends"], root) if data.get("extends") else {}
+    return {**base, **(data.get("requires") or {})}
+
+
+def check_required(name: str, params: dict, root: Path | None = None) -> None:
+    """Fails naming each key the profile requires that is still unset (null or empty) in the resolved params."""
+    missing = []
+    for key, why in required(name, root).items():
+        value: Any = params
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value in (None, ""):
+            missing.append(f"{key} ({why}): -S {key}=...")
+    if missing:
+        raise ConfigError(f"profile {name} needs " + "; ".join(missing))
 
 
 def overrides(name: str, root: Path | None = None, _seen: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
@@ -181,8 +202,10 @@ def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None 
     if isinstance(dataset, dict | None):  # anything else fails validation below, naming the key
         # Derived, not chosen: the DVC dependency of `synthesize` follows the dataset's path.
         task["data_dependency"] = data_dependency_for((dataset or {}).get("path"))
-    return {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
-            for name in SECTIONS}
+    resolved = {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
+                for name in SECTIONS}
+    check_required(profile, resolved, root)
+    return resolved
 
 
 # --- params.yaml as text: a header, then every section with its field descriptions as comments ---

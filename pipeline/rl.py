@@ -4,7 +4,7 @@
 
 - Rollouts come from `GuidedRollout`, TRL's `rollout_func` hook: the pipeline's
   KV-cache decode loop (finished rows leave the batch) samples the G completions
-  of each prompt. With guided replay on, a group whose accuracy is at most tau
+  of each prompt, or TRL's vLLM engine with `grpo.use_vllm`. With guided replay on, a group whose accuracy is at most tau
   (every rollout wrong, by default) has its last rollouts replaced by the gold
   rationale, so the group carries a positive advantage toward a right chain
   (TaoSR-AGRL's adaptive guided replay; PROPA's SFT on trees that found nothing).
@@ -74,8 +74,11 @@ class GuidedRollout:
         else:  # conversational (prompt.format chat): TRL leaves the template to a rollout_func
             texts = [chat.render_messages(tokenizer, p) for p in prompts]
             prompt_ids = tokenizer(text=texts, add_special_tokens=False)["input_ids"]  # the template has its BOS
-        completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
-                                     trainer.accelerator.process_index)
+        if getattr(trainer, "use_vllm", False):
+            completion_ids = self.sample_vllm(trainer, prompt_ids)
+        else:
+            completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
+                                         trainer.accelerator.process_index)
         if self.replay:
             completion_ids = self.guide(prompts, completion_ids, tokenizer, trainer)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
@@ -86,6 +89,18 @@ class GuidedRollout:
         rng = torch.Generator().manual_seed(self.seed * 1_000_003 + step + 7_919 * rank)
         return decode(model, ids.to(model.device), mask.to(model.device), self.max_new_tokens,
                       tokenizer.eos_token_id, (self.temperature, self.top_p, rng, 0))
+
+    @staticmethod
+    def sample_vllm(trainer, prompt_ids: list[list[int]]) -> list[list[int]]:
+        """The rollouts from TRL's vLLM engine (`grpo.use_vllm`), as TRL's own generation asks for them.
+
+        With a `rollout_func`, TRL only pushes the policy's weights to vLLM before each step; generating is the
+        function's job. `prompt_ids` holds each prompt G times in a row: colocated vLLM samples each entry once,
+        a server takes every G-th and samples G of it. The sampling settings are TRL's (`grpo_args`).
+        """
+        _, completion_ids, _, _ = trainer.vllm_generation.generate(
+            prompts=prompt_ids, images=None, num_generations=trainer.num_generations)
+        return [list(ids) for ids in completion_ids]
 
     def guide(self, prompts: list, completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
         """Replace the last `replay_samples` rollouts of each failing group with the gold rationale."""
@@ -200,6 +215,9 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
         dataloader_num_workers=0,
         **device_kwargs(),
     )
+    if cfg.use_vllm:  # TRL's vLLM engine generates; `GuidedRollout` calls it and replays as on the decode loop
+        args.update(use_vllm=True, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_base_url,
+                    vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
     args.update(overrides)
     grpo = GRPOConfig(**args)
     if tbrm:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.generation import LocalSampler, Sampler
+from pipeline.generation import Sampler
 from pipeline.io import InputError, read_json
 
 
@@ -44,5 +44,6 @@ def load_sampler(model_dir: Path, batch_size: int = 64) -> Sampler:
             api_key_env=record["api_key_env"], concurrency=record["concurrency"], timeout_s=record["timeout_s"],
             max_retries=record["max_retries"], cache_path=Path(record["cache_dir"]) / "responses.sqlite",
         )
-    model, tokenizer = load_local(model_dir)
-    return LocalSampler(model, tokenizer, batch_size=batch_size, name=str(record.get("model") or model_dir))
+    from pipeline.engines import local_sampler  # `generation.engine`: the decode loop or vLLM
+
+    return local_sampler(record.get("model") or model_dir, batch_size, str(record.get("model") or model_dir))

@@ -19,6 +19,7 @@ import shutil
 
 from pipeline import lora, paths
 from pipeline.config import GRPOStageConfig, LoraConfig, RewardsConfig, load_section
+from pipeline.engines import require_vllm
 from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
@@ -73,6 +74,8 @@ def main() -> None:
         cfg = load_section("grpo", GRPOStageConfig)
         rewards = load_section("rewards", RewardsConfig)
         lora_cfg = load_section("lora", LoraConfig)
+        if cfg.use_vllm:
+            require_vllm("grpo.use_vllm")  # before the model loads: installed, and a GPU to run it on
     run_stage("grpo", _flow, cfg, rewards, lora_cfg)
 
 

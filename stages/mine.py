@@ -27,10 +27,9 @@ from pipeline import paths
 from pipeline.config import MineConfig, load_section
 from pipeline.distill import PAIR_SCHEMA, histogram, select
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.generation import LocalSampler
+from pipeline.engines import local_sampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.mining import RL_SCHEMA, policy_pairs, rl_set
-from pipeline.models import load_model
 from pipeline.plots import bar_chart
 
 
@@ -77,8 +76,7 @@ def run(cfg: MineConfig, sampler, rows: list[dict]) -> tuple[dict, dict]:
 def _flow(cfg: MineConfig) -> None:
     train_file, model_dir = paths.split_file("train"), paths.model_dir("sft")
     rows = pool(read_rows(train_file, required=EXAMPLE_COLUMNS), cfg)
-    model, tokenizer = load_model(model_dir)
-    tables, metrics = run(cfg, LocalSampler(model, tokenizer, cfg.batch_size, name="sft"), rows)
+    tables, metrics = run(cfg, local_sampler(model_dir, cfg.batch_size, "sft"), rows)
     stage_logger().info(
         "mine: p0 %.3f on %d prompts, buckets %s, %d RL rows, %d pairs",
         metrics["p0"], metrics["pool_prompts"], metrics["buckets"], metrics["rl_rows"], metrics["preference_pairs"],

@@ -45,7 +45,7 @@ from pipeline import paths
 from pipeline import task as tasks
 from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.generation import LocalSampler
+from pipeline.engines import local_sampler
 from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
@@ -165,7 +165,7 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
         gold_q, mcts_q, fresh = _dataset_questions(cfg, rng)
     chains = chain_rows(fresh)
     val_q = sample_rows(val, cfg.val_questions, rng)
-    sampler = LocalSampler(model, tokenizer, cfg.batch_size, name=cfg.policy)
+    sampler = local_sampler(model_dir, cfg.batch_size, cfg.policy, loaded=(model, tokenizer))
     log = stage_logger()
 
     start = time.perf_counter()

@@ -137,3 +137,15 @@ def test_packing_without_flash_attention_is_refused(tmp_path):
     params["model"]["attn_implementation"] = "flash_attention_2"
     path.write_text(render(params, "tiny"))
     assert validate_all(path)["sft"].packing
+
+
+def test_the_trainer_refuses_packing_without_flash_attention_too(tmp_path):
+    """A plain `dvc repro` skips `pipeline repro`'s validation: the trainer's arguments check again, naming the key."""
+    from pipeline.config import SFTConfig, TrainConfig
+    from pipeline.training import trainer_args
+
+    with pytest.raises(ConfigError, match="sft.packing: padding-free packing"):
+        trainer_args(SFTConfig(packing=True), tmp_path)
+    with pytest.raises(ConfigError, match="teacher.train.packing"):
+        trainer_args(TrainConfig(packing=True), tmp_path)
+    assert trainer_args(SFTConfig(), tmp_path).packing is False

@@ -29,11 +29,29 @@ def test_params_yaml_is_the_resolution_its_header_names():
     assert yaml.safe_load(text) == profiles.resolve("default", root=ROOT) == profiles.defaults()
 
 
+def example_sets(name: str, value: object = "example") -> list[str]:
+    """A value for each key the profile leaves to -S (`pretrained`'s base.model), as its resolved file was written."""
+    return [f"{key}={value}" for key in profiles.required(name, ROOT)]
+
+
+def saved_model(folder: Path) -> Path:
+    """A tiny built student saved in Hugging Face format, with the chat template a built tokenizer carries."""
+    from pipeline.config import BaseModelConfig
+    from pipeline.models import build_student, save_model, train_tokenizer
+
+    tokenizer = train_tokenizer(["Question: 1 + 2?\n#### 3"] * 20, 280)
+    cfg = BaseModelConfig(vocab_size=280, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    save_model(build_student(cfg, tokenizer), tokenizer, folder)
+    return folder
+
+
 @pytest.mark.parametrize("name", [n for n in profiles.names(ROOT) if n != "default"])
 def test_each_profile_resolves_to_its_committed_file(name):
     expected = RESOLVED / f"{name}.yaml"
-    assert expected.exists(), f"write it: python -m pipeline params --profile {name} > {expected.relative_to(ROOT)}"
-    assert profiles.resolve(name, root=ROOT) == yaml.safe_load(expected.read_text()), (
+    sets = "".join(f" -S {s}" for s in example_sets(name))
+    assert expected.exists(), f"write it: python -m pipeline params --profile {name}{sets} > {expected.relative_to(ROOT)}"
+    assert profiles.resolve(name, example_sets(name), root=ROOT) == yaml.safe_load(expected.read_text()), (
         f"profile {name} resolves differently from {expected.relative_to(ROOT)}; if the change is meant, regenerate it")
 
 
@@ -43,7 +61,9 @@ def test_every_committed_resolution_has_its_profile():
 
 @pytest.mark.parametrize("name", profiles.names(ROOT))
 def test_render_round_trips_and_every_key_is_spelled_out(name, tmp_path):
-    params = profiles.resolve(name, root=ROOT)
+    # a key left to -S (a model to bring) gets a real one: validation loads its tokenizer
+    sets = example_sets(name, saved_model(tmp_path / "model")) if profiles.required(name, ROOT) else []
+    params = profiles.resolve(name, sets, root=ROOT)
     path = tmp_path / "params.yaml"
     path.write_text(profiles.render(params, name))
     assert yaml.safe_load(path.read_text()) == params
@@ -188,3 +208,25 @@ def test_params_command_prints_writes_and_composes(project):
     assert yaml.safe_load((project / "params.yaml").read_text())["dpo"]["beta"] == 0.2
     listed = cli("params", "--list", cwd=project).stdout.split("\n")
     assert [line.split()[0] for line in listed if line] == profiles.names(ROOT)
+
+
+def test_a_profile_names_the_keys_it_leaves_to_the_user():
+    with pytest.raises(ConfigError, match=r"profile pretrained needs base.model \(the model to post-train"):
+        profiles.resolve("pretrained", root=ROOT)
+    params = profiles.resolve("pretrained", ["base.model=models/mine"], root=ROOT)
+    # a pretrained model's fine-tuning rates, not the from-scratch student's
+    assert params["base"]["model"] == "models/mine" and params["sft"]["learning_rate"] == 1e-5
+    assert params["grpo"]["learning_rate"] == 1e-6 and params["dpo"]["learning_rate"] == 5e-7
+    assert params["task"]["kind"] == "dataset"  # what it extends: the gsm8k profile's task
+
+
+def test_requires_is_inherited_and_checked_through_extends(root):
+    (root / "profiles/needs.yaml").write_text(yaml.safe_dump({"requires": {"base.model": "a model"}}))
+    (root / "profiles/child.yaml").write_text(yaml.safe_dump({"extends": "needs", "params": {"sft": {"seed": 3}}}))
+    assert profiles.required("child", root) == {"base.model": "a model"}
+    with pytest.raises(ConfigError, match="profile child needs base.model"):
+        profiles.resolve("child", root=root)
+    assert profiles.resolve("child", ["base.model=m"], root=root)["sft"]["seed"] == 3
+    (root / "profiles/bad.yaml").write_text(yaml.safe_dump({"requires": ["base.model"]}))
+    with pytest.raises(ConfigError, match="requires: must be a mapping"):
+        profiles.resolve("bad", root=root)

@@ -1,0 +1,109 @@
+"""The generation engines: vLLM refused with a clear message where it cannot run, the transformers engine by
+default, and GRPO's rollouts taken from TRL's vLLM engine with guided replay on them (a scripted engine; the
+real one runs in tests/gpu/test_vllm.py on a CUDA machine with vLLM)."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.config import ConfigError, GRPOStageConfig, validate_all
+from pipeline.engines import local_sampler, require_vllm
+from pipeline.generation import LocalSampler
+from pipeline.rl import GuidedRollout, grpo_args
+from tests.unit.test_rl import tiny  # noqa: F401  (a module-scoped fixture: a tiny student and its tokenizer)
+
+VLLM_HERE = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(VLLM_HERE, reason="vLLM is installed here")
+def test_vllm_asked_for_without_it_names_the_key_and_the_install():
+    with pytest.raises(ConfigError, match=r"params.yaml: generation.engine: vLLM is not installed here; pip install "
+                                          r"-e '.\[gpu\]' on a CUDA machine"):
+        require_vllm("generation.engine")
+
+
+def test_vllm_without_a_cuda_device_says_what_it_found(monkeypatch):
+    import torch
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ConfigError, match="grpo.use_vllm: vLLM is installed but its engine needs a CUDA device; "
+                                          "found a CPU-only build of torch"):
+        require_vllm("grpo.use_vllm")
+
+
+@pytest.mark.skipif(VLLM_HERE, reason="vLLM is installed here")
+@pytest.mark.parametrize("sets, key", [(["generation.engine=vllm"], "generation.engine"),
+                                       (["grpo.use_vllm=true"], "grpo.use_vllm")])
+def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key):
+    from pipeline.profiles import render, resolve
+    from tests.unit.test_profiles import ROOT
+
+    path = tmp_path / "params.yaml"
+    path.write_text(render(resolve("tiny", sets, root=ROOT), "tiny", sets))
+    with pytest.raises(ConfigError, match=f"{path}: {key}: vLLM is not installed here"):
+        validate_all(path)
+
+
+def test_server_mode_needs_the_servers_url():
+    with pytest.raises(ValueError, match="vllm_mode server needs vllm_server_base_url"):
+        GRPOStageConfig(use_vllm=True, vllm_mode="server")
+    GRPOStageConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://127.0.0.1:8000")
+
+
+def test_grpo_args_hand_trl_its_vllm_settings(tmp_path):
+    args = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://h:8000",
+                                     vllm_gpu_memory_utilization=0.4), [1.0], tmp_path)
+    assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://h:8000")
+    assert args.vllm_gpu_memory_utilization == 0.4
+    assert grpo_args(GRPOStageConfig(), [1.0], tmp_path).use_vllm is False
+
+
+def test_the_default_engine_is_the_decode_loop_on_the_saved_model(tiny, tmp_path):  # noqa: F811
+    from pipeline.models import save_model
+
+    model, tok = tiny
+    save_model(model, tok, tmp_path / "m")
+    sampler = local_sampler(tmp_path / "m", 8, "m")
+    assert type(sampler) is LocalSampler and sampler.batch_size == 8 and sampler.name == "m"
+    assert local_sampler(tmp_path / "m", 8, "m", loaded=(model, tok)).model is model
+
+
+class ScriptedVLLM:
+    """TRL's VLLMGeneration.generate: one completion per prompt entry, scripted by the prompt's text."""
+
+    def __init__(self, tokenizer, by_prompt: dict[str, list[str]]) -> None:
+        self.tokenizer, self.by_prompt, self.calls = tokenizer, by_prompt, []
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        self.calls.append((len(prompts), num_generations, images))
+        served: dict[str, int] = {}
+        completions = []
+        for ids in prompts:
+            text = self.tokenizer.decode(ids)
+            k = served[text] = served.get(text, -1) + 1
+            completions.append(self.tokenizer(self.by_prompt[text][k], add_special_tokens=False)["input_ids"])
+        return prompts, completions, None, None
+
+
+def test_grpo_rollouts_come_from_trls_vllm_engine_and_failing_groups_are_replayed(tiny):  # noqa: F811
+    model, tok = tiny
+    gold = {"A\n": {"answer": "2", "answer_type": "number", "rationale": "Step 1: 1 + 1 = 2.\nAnswer: 2"},
+            "B\n": {"answer": "3", "answer_type": "number", "rationale": "Step 1: 2 + 1 = 3.\nAnswer: 3"}}
+    engine = ScriptedVLLM(tok, {"A\n": ["Answer: 7", "Answer: 8"], "B\n": ["Answer: 3", "Answer: 1"]})
+    trainer = SimpleNamespace(use_vllm=True, vllm_generation=engine, num_generations=2, processing_class=tok,
+                              model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m, process_index=0),
+                              state=SimpleNamespace(global_step=0))
+    rollout = GuidedRollout(gold, num_generations=2, max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0,
+                            replay=True)
+    out = rollout(["A\n", "A\n", "B\n", "B\n"], trainer)
+    assert engine.calls == [(4, 2, None)]  # every entry of the G-fold batch, as TRL's own generation passes it
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids in out["completion_ids"]]
+    assert texts == ["Answer: 7", gold["A\n"]["rationale"], "Answer: 3", "Answer: 1"]  # A failed: its last replayed
+    assert out["prompt_ids"] == tok(text=["A\n", "A\n", "B\n", "B\n"])["input_ids"] and out["logprobs"] is None
+    assert dict(rollout.stats) == {"groups": 2, "replayed_groups": 1, "replayed_samples": 1}
