@@ -515,7 +515,8 @@ class PRMDataConfig(Section):
     expand_temperature: float = Field(1.2, gt=0, description="expansion sampling temperature")
     expand_top_k: int = Field(50, ge=0, description="expansion top-k (0: off)")
     expand_top_p: float = Field(0.95, gt=0, le=1, description="expansion nucleus sampling")
-    step_tokens: int = Field(64, ge=1, description="token limit of one sampled step (PROPA: 128)")
+    step_tokens: int = Field(64, ge=1, description="token limit of one sampled line (PROPA: 128); a paragraph "
+                             "step may run to max_new_tokens")
     max_steps: int = Field(8, ge=1, description="lines below the root before a path counts as terminal")
 
 
@@ -578,7 +579,8 @@ class DecodingConfig(Section):
     mcts_children: int = Field(2, ge=1, description="PRM-MCTS: candidate lines per expansion")
     ucb_c: float = Field(1.0, ge=0, description="PRM-MCTS: UCB exploration constant")
     max_steps: int = Field(8, ge=1, description="beam search and PRM-MCTS: lines per solution at most")
-    step_tokens: int = Field(64, ge=1, description="token limit of one sampled line")
+    step_tokens: int = Field(64, ge=1, description="token limit of one sampled line; a paragraph step may run to "
+                             "evaluate.max_new_tokens")
     prm_batch_size: int = Field(64, ge=1, description="paths the PRM scores together")
     step_batch_size: int = Field(512, ge=1, description="beam search and PRM-MCTS: lines sampled together")
 

@@ -54,8 +54,9 @@ class VLLMSampler(LocalSampler):
     """A saved model sampled by vLLM's offline engine (`generation.engine: vllm`).
 
     Prompts go in as token ids, tokenized here as the decode loop tokenizes them (no BOS added: a chat
-    template carries its own), with one seed per prompt so that repeated prompts draw apart. `model`,
-    the transformers copy for step search and the PRM's tokenizer check, loads on first use.
+    template carries its own), with seeds of their own so that repeated prompts draw apart; the tokens
+    come back as ids and are decoded here. `model`, the transformers copy for step search and the PRM's
+    tokenizer check, loads on first use.
     """
 
     def __init__(self, model_dir: Path | str, name: str = "vllm") -> None:
@@ -70,9 +71,11 @@ class VLLMSampler(LocalSampler):
         cfg, model_cfg = active_section("generation"), active_section("model")
         self.model_dir, self.name, self.batch_size = Path(model_dir), name, 0  # vLLM schedules its own batches
         self.tokenizer = load_tokenizer(model_dir)
+        # generation_config "vllm": the model's own generation_config.json (its sampling defaults, its extra EOS
+        # ids) is not applied, so a completion ends where the decode loop's would: at the tokenizer's EOS
         self.llm = LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=model_cfg.dtype, seed=0,
                        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, max_model_len=cfg.vllm_max_model_len,
-                       trust_remote_code=model_cfg.trust_remote_code)
+                       trust_remote_code=model_cfg.trust_remote_code, generation_config="vllm")
         self._model = None
 
     @property
@@ -91,9 +94,10 @@ class VLLMSampler(LocalSampler):
             return []
         texts = [chat.render(self.tokenizer, p) for p in prompts]
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        # vLLM seeds a request's n samples seed, seed + 1, ...: each prompt gets a range of its own
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                 max_tokens=max_new_tokens, seed=seed * 1_000_003 + i,
-                                 stop_token_ids=[self.tokenizer.eos_token_id], skip_special_tokens=True)
+                                 max_tokens=max_new_tokens, seed=(seed * 1_000_003 + i) * n,
+                                 stop_token_ids=[self.tokenizer.eos_token_id], detokenize=False)
                   for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=True)
         # decoded here, as the decode loop decodes: the same text for the same tokens

@@ -9,7 +9,6 @@ they emit EOS (see `decode`). `pad` and `pad_id` also serve GRPO's rollouts
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline import chat
+from pipeline.grading import PARAGRAPH_BREAK
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,6 @@ def token_texts(tokenizer) -> tuple[list[int], list[str]]:
     return ids, texts
 
 
-_BLANK_LINE = re.compile(r"\n\s*\n")
-
-
 class BlankLineStop:
     """Ends a row at the first blank line after some text: one paragraph (`task.step_split: paragraph`).
 
@@ -95,21 +92,23 @@ class BlankLineStop:
 
     def __init__(self, tokenizer) -> None:
         ids, texts = token_texts(tokenizer)
-        # One row past the largest id stands for ids the tokenizer does not know (a model's padded vocabulary).
+        # One row past the largest id stands for ids the tokenizer does not know (a model's padded vocabulary):
+        # like a token without text, it neither shows nor breaks a line.
         size = max(ids, default=0) + 2
-        self.blank = torch.ones(size, dtype=torch.bool)  # whitespace only (or no text: a special token)
-        self.newlines = torch.zeros(size, dtype=torch.long)  # all of a whitespace token's newlines
-        self.lead = torch.zeros(size, dtype=torch.long)  # newlines before a token's first visible character
-        self.tail = torch.zeros(size, dtype=torch.long)  # newlines after its last one
-        self.inner = torch.zeros(size, dtype=torch.bool)  # a blank line between two visible characters
+        blank, newlines, lead, tail, inner = [True] * size, [0] * size, [0] * size, [0] * size, [False] * size
         for i, text in zip(ids, texts):
             body = text.strip()
-            self.newlines[i] = text.count("\n")
-            if body:
-                self.blank[i] = False
-                self.lead[i] = text[: len(text) - len(text.lstrip())].count("\n")
-                self.tail[i] = text[len(text.rstrip()):].count("\n")
-                self.inner[i] = _BLANK_LINE.search(body) is not None
+            newlines[i] = text.count("\n")
+            if body:  # visible text; a special token's decoded name counts (EOS ends a row anyway)
+                blank[i] = False
+                lead[i] = text[: len(text) - len(text.lstrip())].count("\n")
+                tail[i] = text[len(text.rstrip()):].count("\n")
+                inner[i] = PARAGRAPH_BREAK.search(body) is not None
+        self.blank = torch.tensor(blank)  # whitespace only, or no text
+        self.newlines = torch.tensor(newlines)  # all of a whitespace token's newlines
+        self.lead = torch.tensor(lead)  # newlines before a token's first visible character
+        self.tail = torch.tensor(tail)  # newlines after its last one
+        self.inner = torch.tensor(inner)  # a blank line between two visible characters
 
     def tracker(self, rows: int, device) -> "_BlankLineTracker":
         return _BlankLineTracker(self, rows, device)

@@ -22,6 +22,9 @@ RELATIVE_TOLERANCE = 0.05
 ZERO_TOLERANCE = 1e-9
 STEP_SEPARATORS = (": ", " is ", " are ", " = ")
 ANSWER_PREFIX = "Answer:"
+# What ends a paragraph: a blank line (whitespace allowed on it). A dataset's paragraph steps, the step search
+# that samples them and the dataset reader all split on it.
+PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 STEP_PREFIX = "Step "
 
 # Optional sign, optional currency, digits with optional thousands commas, optional

@@ -65,6 +65,7 @@ class GuidedRollout:
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.replay, self.tau, self.replay_samples = replay, replay_max_accuracy, replay_samples
         self.stats: Counter = Counter()
+        self.replaced: set[int] = set()  # the rollouts the last `guide` replaced
 
     def __call__(self, prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
@@ -74,14 +75,18 @@ class GuidedRollout:
         else:  # conversational (prompt.format chat): TRL leaves the template to a rollout_func
             texts = [chat.render_messages(tokenizer, p) for p in prompts]
             prompt_ids = tokenizer(text=texts, add_special_tokens=False)["input_ids"]  # the template has its BOS
+        logprobs = None  # the decode loop's: none, so TRL computes the old policy's itself
         if getattr(trainer, "use_vllm", False):
-            completion_ids = self.sample_vllm(trainer, prompt_ids)
+            completion_ids, logprobs = self.sample_vllm(trainer, prompt_ids)
         else:
             completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
                                          trainer.accelerator.process_index)
         if self.replay:
             completion_ids = self.guide(prompts, completion_ids, tokenizer, trainer)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+            if logprobs is not None:  # a replayed rollout was not sampled: no logprob, so TRL corrects nothing there
+                logprobs = [[None] * len(ids) if i in self.replaced else lps
+                            for i, (ids, lps) in enumerate(zip(completion_ids, logprobs))]
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
     def sample(self, model, tokenizer, prompt_ids: list[list[int]], step: int, rank: int = 0) -> list[list[int]]:
         ids, mask = pad(prompt_ids, pad_id(tokenizer), left=True)
@@ -91,22 +96,26 @@ class GuidedRollout:
                       tokenizer.eos_token_id, (self.temperature, self.top_p, rng, 0))
 
     @staticmethod
-    def sample_vllm(trainer, prompt_ids: list[list[int]]) -> list[list[int]]:
-        """The rollouts from TRL's vLLM engine (`grpo.use_vllm`), as TRL's own generation asks for them.
+    def sample_vllm(trainer, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+        """(rollouts, each token's sampling logprob) from TRL's vLLM engine (`grpo.use_vllm`), asked as TRL's own
+        generation asks.
 
         With a `rollout_func`, TRL only pushes the policy's weights to vLLM before each step; generating is the
         function's job. `prompt_ids` holds each prompt G times in a row: colocated vLLM samples each entry once,
-        a server takes every G-th and samples G of it. The sampling settings are TRL's (`grpo_args`).
+        a server takes every G-th and samples G of it. The sampling settings are TRL's (`grpo_args`). The
+        logprobs feed TRL's importance-sampling correction for the gap between vLLM's and the trainer's numbers.
         """
-        _, completion_ids, _, _ = trainer.vllm_generation.generate(
+        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
             prompts=prompt_ids, images=None, num_generations=trainer.num_generations)
-        return [list(ids) for ids in completion_ids]
+        # vLLM gives the top logprobs of each position, the sampled token's first (as TRL's own generation reads them)
+        return [list(ids) for ids in completion_ids], [[lp[0] for lp in seq] for seq in logprobs]
 
     def guide(self, prompts: list, completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
         """Replace the last `replay_samples` rollouts of each failing group with the gold rationale."""
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         out = list(completion_ids)
         replayed = 0
+        self.replaced = set()
         for start in range(0, len(prompts), self.g):
             if any(p != prompts[start] for p in prompts[start : start + self.g]):
                 # TRL keeps a prompt's G rollouts together on one rank when the per-process batch is a
@@ -121,6 +130,7 @@ class GuidedRollout:
             guided = tokenizer(row["rationale"], add_special_tokens=False)["input_ids"][: self.max_new_tokens - 1]
             for i in range(start + self.g - self.replay_samples, start + self.g):
                 out[i] = guided + [tokenizer.eos_token_id]
+                self.replaced.add(i)
             replayed += 1
         self.stats["replayed_groups"] += replayed
         self.stats["replayed_samples"] += replayed * self.replay_samples

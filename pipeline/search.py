@@ -22,7 +22,6 @@ The PRM reads a path's steps as `Task.steps` gives them (`scored`: a paragraph's
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,10 +30,10 @@ from tqdm.auto import tqdm
 from pipeline import chat
 from pipeline import task as tasks
 from pipeline.generation import BlankLineStop, generate, token_texts
+from pipeline.grading import PARAGRAPH_BREAK
 from pipeline.prm import aggregate
 
 Path = tuple[str, ...]
-_BLANK_LINE = re.compile(r"\n\s*\n")
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def next_step(text: str, paragraphs: bool) -> tuple[str, bool]:
     if not paragraphs:
         line, newline, _ = text.partition("\n")
         return line.strip(), bool(newline)
-    parts = _BLANK_LINE.split(text.lstrip(), maxsplit=1)
+    parts = PARAGRAPH_BREAK.split(text.lstrip(), maxsplit=1)
     return parts[0].strip(), len(parts) > 1
 
 
@@ -92,6 +91,9 @@ class StepPolicy:
         self.paragraphs = tasks.active().step_split == "paragraph"
         self.stop_ids = [] if self.paragraphs else newline_ids(tokenizer)
         self.stop = BlankLineStop(tokenizer) if self.paragraphs else None
+        # A paragraph may run as long as a whole completion (a MATH solution's); `step_tokens` is a line's limit.
+        # A step cut by the limit ends its path either way (`Line.terminal`), as a completion cut would.
+        self.step_limit = completion_tokens if self.paragraphs else step_tokens
         self.tokens = 0  # generated so far
         self._calls = 0
 
@@ -108,7 +110,7 @@ class StepPolicy:
         if not prefixes:
             return []
         gens = generate(
-            self.model, self.tokenizer, prefixes, max_new_tokens=self.step_tokens, batch_size=self.batch_size,
+            self.model, self.tokenizer, prefixes, max_new_tokens=self.step_limit, batch_size=self.batch_size,
             do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             num_return_sequences=n, seed=self._next_seed(), progress=False, stop_ids=self.stop_ids, stop=self.stop,
         )

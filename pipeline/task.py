@@ -32,7 +32,7 @@ _ANSWER_ENDINGS = {
     "boxed": "The answer is \\boxed{{{}}}.",
     "last_number": "The answer is {}.",
 }
-_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+PARAGRAPH_BREAK = grading.PARAGRAPH_BREAK
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Task:
 
     def _raw_parts(self, completion: str) -> list[str]:
         """Every non-blank line, or paragraph as written, of a dataset completion."""
-        parts = _PARAGRAPH_BREAK.split(completion) if self.step_split == "paragraph" else completion.splitlines()
+        parts = PARAGRAPH_BREAK.split(completion) if self.step_split == "paragraph" else completion.splitlines()
         return [p.strip() for p in parts if p.strip()]
 
     def _parts(self, completion: str) -> list[str]:

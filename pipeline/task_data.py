@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.answers import gsm8k_answer, last_boxed
 from pipeline.config import DatasetConfig
-from pipeline.grading import infer_answer_type
+from pipeline.grading import PARAGRAPH_BREAK, infer_answer_type
 from pipeline import paths
 from pipeline.io import InputError, read_rows
 
@@ -43,7 +43,7 @@ def split_steps(rationale: str, how: str = "paragraph") -> list[str]:
     """A rationale's steps: its paragraphs (blank-line separated) or its non-blank lines."""
     if how not in ("paragraph", "line"):
         raise ValueError(f"unknown step split {how!r}: paragraph or line")
-    parts = re.split(r"\n\s*\n", rationale) if how == "paragraph" else rationale.splitlines()
+    parts = PARAGRAPH_BREAK.split(rationale) if how == "paragraph" else rationale.splitlines()
     return [" ".join(part.split()) for part in parts if part.strip()]
 
 

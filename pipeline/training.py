@@ -12,7 +12,7 @@ from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 
 from pipeline import chat, checkpoints
-from pipeline.config import SFTConfig, TrainConfig, active_section, check_packing
+from pipeline.config import TrainConfig
 from pipeline.flows import phase
 
 
@@ -102,8 +102,6 @@ def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfi
         dataloader_num_workers=0,
         **device_kwargs(),
     )
-    # again here, not only in `pipeline repro`'s validation: a plain `dvc repro` reaches the trainer directly
-    check_packing(cfg, active_section("model"), "sft" if isinstance(cfg, SFTConfig) else "teacher.train")
     args.update(packing=cfg.packing, gradient_checkpointing=cfg.gradient_checkpointing)
     args.update(overrides)
     return TRLSFTConfig(**args)

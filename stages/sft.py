@@ -30,8 +30,8 @@ import shutil
 from pathlib import Path
 
 from pipeline import lora, paths
-from pipeline.config import (DistillConfig, LoraConfig, RankDrillConfig, SFTConfig, SynthesizeConfig, TaskConfig,
-                             load_section)
+from pipeline.config import (DistillConfig, LoraConfig, ModelLoadConfig, RankDrillConfig, SFTConfig, SynthesizeConfig,
+                             TaskConfig, check_packing, load_section)
 from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
@@ -172,6 +172,8 @@ def main() -> None:
         synth = load_section("synthesize", SynthesizeConfig)
         task_cfg = load_section("task", TaskConfig)
         lora_cfg = load_section("lora", LoraConfig)
+        # here too, not only in `pipeline repro`'s validation: a plain `dvc repro` runs this directly
+        check_packing(cfg, load_section("model", ModelLoadConfig), "sft")
     run_stage("sft", _flow, cfg, distill, synth, task_cfg, lora_cfg)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 
 from pipeline import paths
-from pipeline.config import TeacherConfig, load_section
+from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import build_teacher, count_parameters, load_tokenizer, save_model
@@ -70,6 +70,7 @@ def _flow(cfg: TeacherConfig) -> None:
 def main() -> None:
     with expected_errors():
         cfg = load_section("teacher", TeacherConfig)
+        check_packing(cfg.train, load_section("model", ModelLoadConfig), "teacher.train")  # as sft's main does
     run_stage("teacher", _flow, cfg)
 
 

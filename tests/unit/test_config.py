@@ -139,13 +139,17 @@ def test_packing_without_flash_attention_is_refused(tmp_path):
     assert validate_all(path)["sft"].packing
 
 
-def test_the_trainer_refuses_packing_without_flash_attention_too(tmp_path):
-    """A plain `dvc repro` skips `pipeline repro`'s validation: the trainer's arguments check again, naming the key."""
-    from pipeline.config import SFTConfig, TrainConfig
-    from pipeline.training import trainer_args
+@pytest.mark.parametrize("stage, key", [("sft", "sft"), ("teacher", "teacher.train")])
+def test_the_stage_refuses_packing_without_flash_attention_too(tmp_path, monkeypatch, capsys, stage, key):
+    """A plain `dvc repro` skips `pipeline repro`'s validation: the stage's main checks again, before any work."""
+    import importlib
 
-    with pytest.raises(ConfigError, match="sft.packing: padding-free packing"):
-        trainer_args(SFTConfig(packing=True), tmp_path)
-    with pytest.raises(ConfigError, match="teacher.train.packing"):
-        trainer_args(TrainConfig(packing=True), tmp_path)
-    assert trainer_args(SFTConfig(), tmp_path).packing is False
+    from pipeline.profiles import render, resolve
+
+    sets = [f"{key}.packing=true"]
+    path = tmp_path / "params.yaml"
+    path.write_text(render(resolve("tiny", sets, root=ROOT), "tiny", sets))
+    monkeypatch.setenv("PIPELINE_PARAMS", str(path))
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"stages.{stage}").main()
+    assert exit_.value.code == 2 and f"{key}.packing: padding-free packing" in capsys.readouterr().err

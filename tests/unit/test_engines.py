@@ -88,7 +88,8 @@ class ScriptedVLLM:
             text = self.tokenizer.decode(ids)
             k = served[text] = served.get(text, -1) + 1
             completions.append(self.tokenizer(self.by_prompt[text][k], add_special_tokens=False)["input_ids"])
-        return prompts, completions, None, None
+        # per token, the sampled token's logprob and (TRL asks for none) no others
+        return prompts, completions, [[[-0.5]] * len(ids) for ids in completions], None
 
 
 def test_grpo_rollouts_come_from_trls_vllm_engine_and_failing_groups_are_replayed(tiny):  # noqa: F811
@@ -105,5 +106,8 @@ def test_grpo_rollouts_come_from_trls_vllm_engine_and_failing_groups_are_replaye
     assert engine.calls == [(4, 2, None)]  # every entry of the G-fold batch, as TRL's own generation passes it
     texts = [tok.decode(ids, skip_special_tokens=True) for ids in out["completion_ids"]]
     assert texts == ["Answer: 7", gold["A\n"]["rationale"], "Answer: 3", "Answer: 1"]  # A failed: its last replayed
-    assert out["prompt_ids"] == tok(text=["A\n", "A\n", "B\n", "B\n"])["input_ids"] and out["logprobs"] is None
+    assert out["prompt_ids"] == tok(text=["A\n", "A\n", "B\n", "B\n"])["input_ids"]
+    # vLLM's own logprobs go to TRL's importance-sampling correction; a replayed rollout has none (no correction)
+    lengths = [len(ids) for ids in out["completion_ids"]]
+    assert out["logprobs"] == [[-0.5] * lengths[0], [None] * lengths[1], [-0.5] * lengths[2], [-0.5] * lengths[3]]
     assert dict(rollout.stats) == {"groups": 2, "replayed_groups": 1, "replayed_samples": 1}

@@ -344,9 +344,11 @@ def test_the_step_policy_samples_whole_paragraphs_on_a_tiny_model(paragraphs):
         head.bias.zero_()
         head.bias[newline_ids(tok)] = 4.0
     model.lm_head = head
-    policy = StepPolicy(model, tok, step_tokens=48, temperature=1.0, seed=1)
-    assert policy.stop is not None and policy.stop_ids == []
+    # a paragraph may run to the completion limit, not step_tokens (a line's limit): a cut paragraph is no step
+    policy = StepPolicy(model, tok, step_tokens=4, completion_tokens=48, temperature=1.0, seed=1)
+    assert policy.stop is not None and policy.stop_ids == [] and policy.step_limit == 48
     lines = [line for per in policy.next_lines(["1 + 2 = 3\n\n", "4 + 4 = "], 4) for line in per]
     assert len(lines) == 8 and policy.tokens == sum(line.tokens for line in lines)
     assert all("\n\n" not in line.text and line.text == line.text.strip() for line in lines)
     assert any(not line.terminal for line in lines)  # some ended at a blank line, not at the token limit
+    assert max(line.tokens for line in lines) > 4
