@@ -12,10 +12,11 @@ import torch
 from transformers import TrainerCallback
 
 from pipeline import training
-from pipeline.config import BaseModelConfig, PRMConfig, TrainConfig
+from pipeline.config import PRMConfig, TrainConfig
 from pipeline.generation import generate
-from pipeline.models import build_student, load_model, save_model, train_tokenizer
+from pipeline.models import load_model, save_model
 from pipeline.prm import PRMScorer, line_labels, prm_from_policy, scored_lines
+from tests.gpu.conftest import save_wide_student
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -29,16 +30,7 @@ PROMPTS = [f"Question: what is {a}+{b}?\n" for a, b in ((3, 4), (1, 8), (9, 9), 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     """A tiny student with wide random weights (distinct continuations per prompt), saved like a stage saves it."""
-    tok = train_tokenizer(TEXTS, 300)
-    cfg = BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
-    model = build_student(cfg, tok)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.5)
-    folder = tmp_path_factory.mktemp("student")
-    save_model(model, tok, folder)
-    return folder
+    return save_wide_student(tmp_path_factory.mktemp("student"), TEXTS, hidden_size=32, intermediate_size=64)
 
 
 @pytest.fixture

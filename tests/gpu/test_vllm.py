@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import BaseModelConfig, GRPOStageConfig, RewardsConfig
-from pipeline.models import build_student, load_model, save_model, train_tokenizer
+from pipeline.config import GRPOStageConfig, RewardsConfig
+from pipeline.models import load_model
+from tests.gpu.conftest import save_wide_student
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -24,18 +25,8 @@ PROMPTS = [f"Question: what is {a}+{b}?\n" for a, b in ((3, 4), (1, 8), (9, 9), 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    """A small student with wide random weights (distinct continuations per prompt); 64-wide heads, which every
-    vLLM attention backend takes."""
-    tok = train_tokenizer(TEXTS, 300)
-    cfg = BaseModelConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
-    model = build_student(cfg, tok)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.5)
-    folder = tmp_path_factory.mktemp("student")
-    save_model(model, tok, folder)
-    return folder
+    """A small student with wide random weights; 64-wide heads, which every vLLM attention backend takes."""
+    return save_wide_student(tmp_path_factory.mktemp("student"), TEXTS, hidden_size=128, intermediate_size=256)
 
 
 @pytest.fixture(scope="module")
