@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-import pickle
 import random
 import re
 import tempfile
@@ -277,10 +276,17 @@ def _draw_block(cfg: SynthesizeConfig, stream: str, quota: dict[str, int], budge
 
 
 def _draw_block_to_file(cfg: SynthesizeConfig, stream: str, quota: dict[str, int], budget: int, path: str) -> str:
-    """A worker's `_draw_block`, pickled to `path`: through the pool's pipe, a block's rows (about 0.75 MB a
-    thousand) would hold the worker until the caller, busy with blocks of its own, read them."""
-    Path(path).write_bytes(pickle.dumps(_draw_block(cfg, stream, quota, budget), pickle.HIGHEST_PROTOCOL))
+    """A worker's `_draw_block`, written to `path` as JSON: through the pool's pipe, a block's rows (about 0.75 MB
+    a thousand) would hold the worker until the caller, busy with blocks of its own, read them. JSON, not pickle:
+    nothing in the pipeline unpickles a file (tests/faults/test_hostile_output.py)."""
+    drawn = _draw_block(cfg, stream, quota, budget)
+    Path(path).write_text(json.dumps({"rows": drawn.rows, "attempts": drawn.attempts, "rejected": drawn.rejected}))
     return path
+
+
+def _read_block(path: str) -> _Drawn:
+    data = json.loads(Path(path).read_text())
+    return _Drawn(data["rows"], data["attempts"], Counter(data["rejected"]))
 
 
 class _Blocks:
@@ -307,7 +313,7 @@ class _Blocks:
             if not futures[i].cancel():
                 break
             mine[i] = _draw_block(cfg, *jobs[i])
-        return [mine[i] if i in mine else pickle.loads(Path(future.result()).read_bytes())
+        return [mine[i] if i in mine else _read_block(future.result())
                 for i, future in enumerate(futures)]
 
     def close(self) -> None:
