@@ -1004,7 +1004,8 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
 
 
 def check_packing(train: TrainConfig, model: ModelLoadConfig, key: str, path: Path | str = PARAMS_FILE) -> None:
-    """Packing needs flash_attention_2: checked by `python -m pipeline repro` and again by the trainer at start."""
+    """Packing needs flash_attention_2: checked by `python -m pipeline repro` and again by the sft and teacher
+    stage mains (a plain `dvc repro` skips the former)."""
     if train.packing and model.attn_implementation != "flash_attention_2":
         raise ConfigError(f"{path}: {key}.packing: padding-free packing turns a batch into one sequence, which "
                           "attention other than flash_attention_2 reads whole (quadratic in the batch: 136 GB and "
