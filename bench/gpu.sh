@@ -44,7 +44,7 @@ import torch, transformers, trl, datasets, pyarrow, pydantic
 print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"-\")
 print(\"transformers\", transformers.__version__, \"trl\", trl.__version__, \"datasets\", datasets.__version__, \"pyarrow\", pyarrow.__version__, \"pydantic\", pydantic.__version__)"'
 # (not the PRM training test that logs through dvclive: the image has no dvclive)
-part pytest 120 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/test_generation.py \
+part pytest 240 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/test_generation.py \
   tests/unit/test_lora.py tests/unit/test_launch.py -q -p no:cacheprovider -k "not prm_train_batches"
 # The gpu profile's 0.3B student at random init (nothing carried): matrix rate, packed SFT, greedy decoding (and
 # vLLM where installed), PRM scoring, GRPO steps; JSON in $OUT/gpu_profile.json

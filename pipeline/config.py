@@ -841,9 +841,8 @@ class LaunchConfig(Section):
     num_processes: int = Field(1, ge=1, description="processes in all, over every machine (one per GPU; on a CPU, "
                                "at most one per core, with gloo): more than 1 starts the ranks through accelerate")
     config_file: str | None = Field(
-        None, min_length=1, description="an accelerate config file (configs/accelerate/: ddp.yaml, "
-        "deepspeed_zero2.yaml; fsdp.yaml and deepspeed_zero3.yaml are refused until sharded weights are saved "
-        "whole); null: DDP (gloo on CPU)")
+        None, min_length=1, description="an accelerate config file (configs/accelerate/: ddp.yaml, fsdp.yaml "
+        "(FSDP 2, CUDA only), deepspeed_zero2.yaml; deepspeed_zero3.yaml is refused); null: DDP (gloo on CPU)")
     num_machines: int = Field(1, ge=1, description="machines taking part (multi-node: run the stage on each)")
     machine_rank: int = Field(0, ge=0, description="this machine's rank (0: the one that runs DVC and writes the "
                               "outputs)")
@@ -999,7 +998,7 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
 
     for stage in launch.TRAINING_STAGES:
         if (plan := launch.plan_for(stage, sections["launch"])) is not None:
-            launch.check(plan)
+            launch.check(plan, sections["lora"])
     return sections
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import chat
+from pipeline import chat, sharding
 from pipeline.grading import PARAGRAPH_BREAK
 
 
@@ -155,7 +155,6 @@ def pad(sequences: Sequence[Sequence[int]], fill: int, *, left: bool = False) ->
     return ids, mask
 
 
-@torch.inference_mode()
 def decode(
     model, input_ids, attention_mask, max_new_tokens: int, eos_id: int, sample=None, stop_ids: Sequence[int] = (),
     stop: BlankLineStop | None = None,
@@ -168,8 +167,14 @@ def decode(
     BENCHMARKS.md). `sample` is (temperature, top_p, torch.Generator, top_k)
     (top_k 0: no top-k cut), or None for greedy decoding.
     `stop_ids` end a row like EOS does (the newline token: one reasoning step at a time); so does
-    `stop` at a blank line (one paragraph at a time).
+    `stop` at a blank line (one paragraph at a time). With FSDP over several ranks (`sharding.lockstep`) the
+    loop runs until every rank's rows are done, a rank whose rows are done feeding one stand-in row.
     """
+    with sharding.inference(model):
+        return _decode(model, input_ids, attention_mask, max_new_tokens, eos_id, sample, stop_ids, stop)
+
+
+def _decode(model, input_ids, attention_mask, max_new_tokens, eos_id, sample, stop_ids, stop) -> list[list[int]]:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -181,21 +186,32 @@ def decode(
     alive = torch.arange(input_ids.shape[0])
     finish = torch.tensor([eos_id, *stop_ids], device=input_ids.device)
     blank_lines = stop.tracker(input_ids.shape[0], input_ids.device) if stop is not None else None
+    synced = sharding.lockstep(model)  # FSDP over several ranks: every forward pass is a collective
     out: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     for step in range(max_new_tokens):
         next_ids = _pick(logits, sample)
         for row, token in zip(alive.tolist(), next_ids.tolist()):
-            out[row].append(token)
+            if row >= 0:  # not a stand-in (below)
+                out[row].append(token)
         if step == max_new_tokens - 1:
             break
         running = ~torch.isin(next_ids, finish)
         if blank_lines is not None:
             running &= ~blank_lines.step(next_ids)
+        if synced:
+            running &= (alive >= 0).to(running.device)
+            if not sharding.any_rank(bool(running.any()), running.device):
+                break  # every rank's rows are done
         if not running.all():
             keep = running.nonzero().squeeze(1)
-            if keep.numel() == 0:
+            stand_in = keep.numel() == 0
+            if stand_in and not synced:
                 break
+            if stand_in:  # this rank's rows are done, another's are not: one row's forward passes keep pace
+                keep = keep.new_zeros(1)
             alive, next_ids, attention_mask = alive[keep.cpu()], next_ids[keep], attention_mask[keep]
+            if stand_in:
+                alive = torch.full_like(alive, -1)
             cache.batch_select_indices(keep)
             if blank_lines is not None:
                 blank_lines.keep(keep)

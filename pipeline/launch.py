@@ -10,7 +10,8 @@ output into its log and fails when any rank fails. Each rank runs the stage's co
 (`in_rank`); TRL's trainers shard the batches and average the gradients; only global rank 0 writes
 outputs, metrics and manifests (`pipeline.io`). Everything before and after training (reading rows, sampling
 for GRPO's success rate) runs on every rank alike. The table drills are plain loops: each rank runs its own
-copy, and rank 0's is saved.
+copy, and rank 0's is saved. Under FSDP (`configs/accelerate/fsdp.yaml`) each rank holds a shard of every
+parameter: `pipeline.sharding` gathers the weights to save them and keeps the ranks' decoding in step.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import ConfigError, LaunchConfig, active_section
+from pipeline.config import ConfigError, LaunchConfig, LoraConfig, active_section
 from pipeline.io import LAUNCHED, InputError, StageFailed
 
 TRAINING_STAGES = ("teacher", "sft", "sft_extended", "grpo", "dpo", "prm")
@@ -86,9 +87,10 @@ def read_config_file(path: str | Path, key: str = "launch.config_file") -> dict:
         raise ConfigError(f"{key}: {path}: not an accelerate config: {exc}") from exc
 
 
-def check(plan: Plan) -> None:
+def check(plan: Plan, lora: LoraConfig | None = None) -> None:
     """Fail before any work when this machine cannot run the plan, saying what was found (by the stage, and by
-    `python -m pipeline repro` for every training stage before DVC starts)."""
+    `python -m pipeline repro` for every training stage before DVC starts). `lora`: the `lora` section (the
+    active one by default)."""
     import torch
 
     config_key = f"{plan.section}.config_file"
@@ -97,12 +99,12 @@ def check(plan: Plan) -> None:
     zero = (config.get("deepspeed_config") or {}).get("zero_stage") if kind == "DEEPSPEED" else None
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     processes = f"{plan.section}.num_processes"
-    if kind == "FSDP" or zero == 3:
-        raise ConfigError(f"{config_key}: {plan.config_file} shards the parameters ({kind}"
-                          f"{', ZeRO-3' if zero == 3 else ''}), which the stages cannot save yet (each rank would "
-                          "save its shard) and which GRPO's rollouts, a different number of forward passes on each "
-                          "rank, could hang; use DDP or DeepSpeed ZeRO-2 (configs/accelerate/ddp.yaml, "
-                          "deepspeed_zero2.yaml)")
+    if zero == 3:
+        raise ConfigError(f"{config_key}: {plan.config_file} asks for DeepSpeed ZeRO-3, which keeps each parameter "
+                          "partitioned outside torch: the stages' own loops (the table drills) could not step it, and "
+                          "it has not run here; for sharded parameters use FSDP (configs/accelerate/fsdp.yaml)")
+    if kind == "FSDP":
+        check_fsdp(plan, config, gpus, lora if lora is not None else active_section("lora"))
     if kind == "DEEPSPEED" and not gpus:
         raise ConfigError(f"{config_key}: {plan.config_file} asks for DeepSpeed, which needs CUDA; this machine "
                           "has no CUDA device (DDP without a config file runs on CPUs)")
@@ -116,6 +118,26 @@ def check(plan: Plan) -> None:
     if not gpus and plan.per_machine > cores:
         raise ConfigError(f"{processes}: {plan.num_processes} over {plan.num_machines} machine(s) is "
                           f"{plan.per_machine} a machine; this one has {cores} CPU core(s) and no CUDA device")
+
+
+def check_fsdp(plan: Plan, config: dict, gpus: int, lora: LoraConfig) -> None:
+    """FSDP as the stages run it (`pipeline.sharding`): version 2 (DTensor parameters), every rank loading the
+    whole model, no LoRA, CUDA."""
+    key = f"{plan.section}.config_file"
+    fsdp = config.get("fsdp_config") or {}
+    if int(fsdp.get("fsdp_version", 1)) != 2:
+        raise ConfigError(f"{key}: {plan.config_file}: fsdp_config.fsdp_version is {fsdp.get('fsdp_version', 1)}; "
+                          "the stages gather and save FSDP 2's sharded parameters only (set fsdp_version: 2)")
+    if str(fsdp.get("fsdp_cpu_ram_efficient_loading", False)).lower() == "true":
+        raise ConfigError(f"{key}: {plan.config_file}: fsdp_config.fsdp_cpu_ram_efficient_loading is true, which "
+                          "loads the weights on rank 0 only; every rank runs the stage's work before training "
+                          "(sampling GRPO's success rate, say) on the whole model (set it to false)")
+    if plan.stage in ("sft", "grpo", "dpo") and lora.on(plan.stage):
+        raise ConfigError(f"{key}: {plan.config_file} shards the parameters, and lora.{plan.stage} is on: an "
+                          "adapter is not yet merged or saved from sharded weights (use DDP for LoRA)")
+    if not gpus:
+        raise ConfigError(f"{key}: {plan.config_file} asks for FSDP, which accelerate runs on CUDA devices only; "
+                          "this machine has none (DDP without a config file runs on CPUs)")
 
 
 def command(plan: Plan, module: str, argv: list[str]) -> list[str]:

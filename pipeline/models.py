@@ -18,6 +18,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM)
 
+from pipeline import sharding
 from pipeline.config import BaseModelConfig, TeacherConfig, active_section
 from pipeline.flows import phase
 from pipeline.io import InputError
@@ -198,8 +199,17 @@ def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device:
 
 @phase("save model")
 def save_model(model, tokenizer, folder: Path) -> None:
-    """Hugging Face format, safetensors weights, tokenizer beside them."""
-    model.save_pretrained(folder, safe_serialization=True)
+    """Hugging Face format, safetensors weights, tokenizer beside them.
+
+    A model sharded by FSDP is gathered whole first, by every rank; the ranks without the gathered weights (all
+    but global rank 0, which writes the stage's outputs) write nothing.
+    """
+    state = None
+    if sharding.sharded(model):
+        state = sharding.full_state_dict(model)
+        if not state:
+            return
+    model.save_pretrained(folder, safe_serialization=True, state_dict=state)
     tokenizer.save_pretrained(folder)
 
 

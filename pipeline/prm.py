@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
 
-from pipeline import chat, paths
+from pipeline import chat, paths, sharding
 from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig
 from pipeline.generation import pad, pad_id
 from pipeline import task as tasks
@@ -512,6 +512,8 @@ def plain_lm_head(model) -> torch.nn.Linear | None:
     trusted from the architecture's name; a probe that fails in any way means the whole head is read.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and sharding.sharded(model):  # FSDP: each rank holds some rows of the head, not all
+        return None
     config = getattr(model, "config", None)
     if (not isinstance(head, torch.nn.Linear) or not head.weight.is_floating_point()
             or any(getattr(config, key, None) not in (None, 1, 1.0) for key in SCALED_LOGITS)):

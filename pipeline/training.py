@@ -11,7 +11,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 
-from pipeline import chat, checkpoints
+from pipeline import chat, checkpoints, sharding
 from pipeline.config import TrainConfig
 from pipeline.flows import phase
 
@@ -42,9 +42,13 @@ def weights_changed(before: dict[str, torch.Tensor], model) -> float:
     """Share of parameter tensors that differ from `before` (0.0: training did nothing).
 
     `before` is a CPU snapshot (`snapshot`); the model may be on the GPU (where a trainer moved it, or where it
-    was loaded), so each of its tensors comes to the CPU to be compared.
+    was loaded), so each of its tensors comes to the CPU to be compared. Sharded by FSDP, the weights are gathered
+    (every rank calls this) and only global rank 0, which writes the metrics, gets them and the share; the others
+    get 0.0.
     """
-    after = model.state_dict()
+    after = sharding.full_state_dict(model) if sharding.sharded(model) else model.state_dict()
+    if not after:
+        return 0.0
     changed = sum(not torch.equal(before[k], after[k].cpu()) for k in before)
     return changed / max(len(before), 1)
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from pydantic import ValidationError
 
 from pipeline import io, launch
-from pipeline.config import ConfigError, LaunchConfig
+from pipeline.config import ConfigError, LaunchConfig, LoraConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = {"ddp.yaml": "MULTI_GPU", "fsdp.yaml": "FSDP", "deepspeed_zero2.yaml": "DEEPSPEED",
@@ -99,11 +100,15 @@ def test_what_this_machine_cannot_run_fails_saying_what_was_found(tmp_path, monk
     bad.write_text("distributed_type: MULTI_GPU\nno_such_setting: 1\n")
     with pytest.raises(ConfigError, match="not an accelerate config"):
         launch.check(launch.plan_for("sft", LaunchConfig(config_file=str(bad))))
-    for name in ("fsdp.yaml", "deepspeed_zero3.yaml"):  # sharded parameters: not saved right yet, anywhere
-        plan = launch.plan_for("sft", LaunchConfig(config_file=f"configs/accelerate/{name}"))
-        with pytest.raises(ConfigError, match=rf"launch.config_file: configs/accelerate/{name} shards the parameters"):
-            launch.check(plan)
+    zero3 = launch.plan_for("sft", LaunchConfig(config_file="configs/accelerate/deepspeed_zero3.yaml"))
+    with pytest.raises(ConfigError, match=r"launch.config_file: configs/accelerate/deepspeed_zero3.yaml asks for "
+                                          r"DeepSpeed ZeRO-3, .* use FSDP"):
+        launch.check(zero3)
     if not cuda:
+        fsdp = launch.plan_for("sft", LaunchConfig(config_file="configs/accelerate/fsdp.yaml"))
+        with pytest.raises(ConfigError, match="asks for FSDP, which accelerate runs on CUDA devices only; this "
+                                              "machine has none"):
+            launch.check(fsdp, LoraConfig())
         plan = launch.plan_for("sft", LaunchConfig(config_file="configs/accelerate/deepspeed_zero2.yaml"))
         with pytest.raises(ConfigError, match="DeepSpeed, which needs CUDA; this machine has no CUDA device"):
             launch.check(plan)
@@ -128,3 +133,24 @@ def test_a_rank_other_than_0_writes_only_inside_its_stand_in_folders(tmp_path, m
     with io.atomic_dir(tmp_path / "out") as folder:
         io.write_json(folder / "inside.json", {"a": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "out"]
+
+
+def test_fsdp_settings_the_stages_cannot_run_are_refused_by_name(tmp_path, monkeypatch):
+    """Checked before the device count, so on any machine: FSDP 1, rank-0-only loading, LoRA on a sharded stage."""
+    monkeypatch.chdir(ROOT)
+    shipped = yaml.safe_load((ROOT / "configs/accelerate/fsdp.yaml").read_text())
+
+    def plan_with(stage: str, **fsdp) -> launch.Plan:
+        path = tmp_path / f"{stage}-{len(fsdp)}.yaml"
+        path.write_text(yaml.safe_dump({**shipped, "fsdp_config": {**shipped["fsdp_config"], **fsdp}}))
+        return launch.plan_for(stage, LaunchConfig(config_file=str(path)))
+
+    with pytest.raises(ConfigError, match=r"fsdp_config.fsdp_version is 1; .*set fsdp_version: 2"):
+        launch.check(plan_with("sft", fsdp_version=1), LoraConfig())
+    with pytest.raises(ConfigError, match=r"fsdp_cpu_ram_efficient_loading is true.*set it to false"):
+        launch.check(plan_with("grpo", fsdp_cpu_ram_efficient_loading=True), LoraConfig())
+    with pytest.raises(ConfigError, match=r"shards the parameters, and lora.dpo is on"):
+        launch.check(plan_with("dpo"), LoraConfig(dpo=True))
+    if not torch.cuda.is_available():  # LoRA on another stage is no obstacle: the device is the next check
+        with pytest.raises(ConfigError, match="accelerate runs on CUDA devices only"):
+            launch.check(plan_with("sft"), LoraConfig(dpo=True))
