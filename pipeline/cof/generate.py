@@ -37,6 +37,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+import orjson
+
 from pipeline.cof.core import FUNCTIONS, Reject
 from pipeline.cof.explorer import Step, explore
 from pipeline.cof.tables import TableContext, random_table
@@ -275,17 +277,48 @@ def _draw_block(cfg: SynthesizeConfig, stream: str, quota: dict[str, int], budge
     return _Generator(cfg, _rng(cfg.seed, stream), quota, budget).run()
 
 
-def _draw_block_to_file(cfg: SynthesizeConfig, stream: str, quota: dict[str, int], budget: int, path: str) -> str:
-    """A worker's `_draw_block`, written to `path` as JSON: through the pool's pipe, a block's rows (about 0.75 MB
-    a thousand) would hold the worker until the caller, busy with blocks of its own, read them. JSON, not pickle:
-    nothing in the pipeline unpickles a file (tests/faults/test_hostile_output.py)."""
-    drawn = _draw_block(cfg, stream, quota, budget)
-    Path(path).write_text(json.dumps({"rows": drawn.rows, "attempts": drawn.attempts, "rejected": drawn.rejected}))
-    return path
+# In a worker process: the current round's [front, back) of unclaimed blocks, shared with the caller (set by
+# the pool's initializer: a shared array passes to a process only as it starts).
+_EDGES = None
 
 
-def _read_block(path: str) -> _Drawn:
-    data = json.loads(Path(path).read_text())
+def _share_edges(edges) -> None:
+    global _EDGES
+    _EDGES = edges
+
+
+def _claim(edges, front: bool) -> int | None:
+    """The next unclaimed block, from the front (a worker) or the back (the caller); None when they have met."""
+    with edges.get_lock():
+        lo, hi = edges[0], edges[1]
+        if lo >= hi:
+            return None
+        if front:
+            edges[0] = lo + 1
+            return lo
+        edges[1] = hi - 1
+        return hi - 1
+
+
+def _block_file(folder: str, i: int) -> Path:
+    return Path(folder, f"{i}.json")
+
+
+def _draw_blocks_to_files(cfg: SynthesizeConfig, jobs: list[tuple[str, dict[str, int], int]], folder: str) -> None:
+    """A worker's round: claim blocks from the front and write each draw to its file as JSON, renamed into place
+    when whole (the caller reads a file once it exists). Through the pool's pipe, a block's rows (about 0.75 MB
+    a thousand) would hold the worker until the caller, busy with blocks of its own, read them. JSON, not
+    pickle: nothing in the pipeline unpickles a file (tests/faults/test_hostile_output.py); through orjson,
+    which writes and reads a block in a third of the json module's time or less."""
+    while (i := _claim(_EDGES, front=True)) is not None:
+        drawn = _draw_block(cfg, *jobs[i])
+        part = Path(folder, f"{i}.part")
+        part.write_bytes(orjson.dumps({"rows": drawn.rows, "attempts": drawn.attempts, "rejected": drawn.rejected}))
+        part.replace(_block_file(folder, i))
+
+
+def _read_block(path: Path) -> _Drawn:
+    data = orjson.loads(path.read_bytes())
     return _Drawn(data["rows"], data["attempts"], Counter(data["rejected"]))
 
 
@@ -294,27 +327,43 @@ class _Blocks:
 
     def __init__(self, workers: int) -> None:
         self.pool = self.folder = None
+        self.workers, self.rounds = workers - 1, 0
         if workers > 1:
             # forkserver, not fork: the caller may hold threads (Prefect's). A worker re-runs the caller's
             # main module (multiprocessing's rule), then imports this one: 0.3 s or more to its first block.
-            self.pool = ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("forkserver"))
+            context = multiprocessing.get_context("forkserver")
+            self.edges = context.Array("q", 2)
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_share_edges,
+                                            initargs=(self.edges,))
             self.folder = tempfile.TemporaryDirectory(prefix="synthesize-")
 
     def draw(self, cfg: SynthesizeConfig, jobs: list[tuple[str, dict[str, int], int]]) -> list[_Drawn]:
-        """`_draw_block(cfg, stream, quota, budget)` of each job (stream, quota, budget)."""
+        """`_draw_block(cfg, stream, quota, budget)` of each job (stream, quota, budget).
+
+        The workers claim blocks from the front, this process from the back, until they meet: it draws while
+        the workers start, and each side's last block ends about when the other's does. The claims go through
+        a shared counter, not the pool's queue, which would hold a block ahead for each worker that this
+        process could no longer take (a wait of 0.1 s a block at the end). Between its own blocks this process
+        reads the workers' finished ones (10 ms or so each), so that they move the meeting point rather than
+        make a wait of their own at the end.
+        """
         if self.pool is None:
             return [_draw_block(cfg, *job) for job in jobs]
-        futures = [self.pool.submit(_draw_block_to_file, cfg, *job, f"{self.folder.name}/{i}")
-                   for i, job in enumerate(jobs)]
-        mine = {}
-        # The pool takes blocks from the front, this process from the back until they meet: it draws
-        # while the workers start, and each side's last block ends about when the other's does.
-        for i in reversed(range(len(jobs))):
-            if not futures[i].cancel():
-                break
-            mine[i] = _draw_block(cfg, *jobs[i])
-        return [mine[i] if i in mine else _read_block(future.result())
-                for i, future in enumerate(futures)]
+        self.rounds += 1
+        folder = Path(self.folder.name, str(self.rounds))  # a round's own files: block i again in the next
+        folder.mkdir()
+        with self.edges.get_lock():
+            self.edges[0], self.edges[1] = 0, len(jobs)
+        workers = [self.pool.submit(_draw_blocks_to_files, cfg, jobs, str(folder)) for _ in range(self.workers)]
+        done: dict[int, _Drawn] = {}
+        while (i := _claim(self.edges, front=False)) is not None:
+            done[i] = _draw_block(cfg, *jobs[i])
+            for j in range(self.edges[0]):
+                if j not in done and _block_file(str(folder), j).exists():
+                    done[j] = _read_block(_block_file(str(folder), j))
+        for future in workers:
+            future.result()  # a worker's error surfaces here
+        return [done[i] if i in done else _read_block(_block_file(str(folder), i)) for i in range(len(jobs))]
 
     def close(self) -> None:
         if self.pool is not None:
