@@ -442,20 +442,23 @@ class GRPOStageConfig(Section):
     use_vllm: bool = Field(False, description="rollouts from TRL's vLLM integration (weights synced every step; "
                            "guided replay and the rewards as with the decode loop); needs vLLM and CUDA")
     vllm_mode: Literal["colocate", "server"] = Field(
-        "colocate", description="colocate: vLLM in the training process, on its GPU; server: a `trl vllm-serve` "
-        "process at vllm_server_base_url")
+        "colocate", description="colocate: vLLM in the training process, on its GPU; server: a vLLM server on GPUs "
+        "of its own, at vllm_server_base_url or started by the stage")
     vllm_server_base_url: str | None = Field(None, description="server mode: the URL of a running `trl vllm-serve "
-                                             "--model models/sft`, e.g. http://127.0.0.1:8000")
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocate: the GPU memory share vLLM "
-                                               "takes (weights and KV cache); training keeps the rest")
+                                             "--model models/sft`, e.g. http://127.0.0.1:8000; null: the stage "
+                                             "starts one on the last vllm_server_gpus GPUs and stops it at the end")
+    vllm_server_gpus: int = Field(1, ge=1, description="server mode, started by the stage: the GPUs it takes "
+                                  "(tensor parallel), the last visible ones; training keeps the first")
+    vllm_server_timeout: float = Field(600.0, gt=0, description="server mode, started by the stage: seconds to "
+                                       "wait for it to answer before the stage fails")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="the GPU memory share vLLM takes "
+                                               "(weights and KV cache): of the shared GPU colocated, of each of its "
+                                               "own started as a server")
 
     @model_validator(mode="after")
     def _replay(self) -> "GRPOStageConfig":
         if self.replay_samples >= self.num_generations:
             raise ValueError("replay_samples must be < num_generations (the group needs its own rollouts)")
-        if self.use_vllm and self.vllm_mode == "server" and not self.vllm_server_base_url:
-            raise ValueError("vllm_mode server needs vllm_server_base_url (start one with `trl vllm-serve --model "
-                             "models/sft`)")
         return self
 
 
@@ -992,6 +995,12 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
         require_vllm("generation.engine", path)
     if sections["grpo"].use_vllm:
         require_vllm("grpo.use_vllm", path)
+        from pipeline import launch, vllm_server  # a server the stage starts: GPUs for it beside the training
+
+        if vllm_server.starts_server(sections["grpo"]):
+            plan = launch.plan_for("grpo", sections["launch"])
+            vllm_server.split_gpus(sections["grpo"], plan.num_processes if plan else 1, vllm_server.visible_gpus(),
+                                   path)
     for key, train in (("sft", sections["sft"]), ("teacher.train", sections["teacher"].train)):
         check_packing(train, sections["model"], key, path)
     from pipeline import launch  # this machine's GPUs or cores against each training stage's processes

@@ -157,6 +157,8 @@ def _die_on_sigterm(name: str) -> None:
               flush=True)
         if "pipeline.launch" in sys.modules:  # a launched stage's ranks stop with it
             sys.modules["pipeline.launch"].stop()
+        if "pipeline.vllm_server" in sys.modules:  # and a vLLM server the stage started
+            sys.modules["pipeline.vllm_server"].stop()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)

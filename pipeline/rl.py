@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline import chat, checkpoints
+from pipeline import chat, checkpoints, vllm_server
 from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.flows import phase
 from pipeline.generation import decode, pad, pad_id
@@ -226,7 +227,9 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
         **device_kwargs(),
     )
     if cfg.use_vllm:  # TRL's vLLM engine generates; `GuidedRollout` calls it and replays as on the decode loop
-        args.update(use_vllm=True, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_base_url,
+        # a server the stage started (pipeline.vllm_server) when the params name none
+        url = cfg.vllm_server_base_url or os.environ.get(vllm_server.URL_ENV)
+        args.update(use_vllm=True, vllm_mode=cfg.vllm_mode, vllm_server_base_url=url,
                     vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
     args.update(overrides)
     grpo = GRPOConfig(**args)

@@ -15,10 +15,12 @@ metrics/grpo.json; the model into models/grpo/.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 
-from pipeline import lora, paths
-from pipeline.config import GRPOStageConfig, LoraConfig, RewardsConfig, load_section
+from pipeline import launch, lora, paths, vllm_server
+from pipeline.config import GRPOStageConfig, LoraConfig, ModelLoadConfig, RewardsConfig, load_section
 from pipeline.engines import require_vllm
 from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
@@ -74,9 +76,15 @@ def main() -> None:
         cfg = load_section("grpo", GRPOStageConfig)
         rewards = load_section("rewards", RewardsConfig)
         lora_cfg = load_section("lora", LoraConfig)
+        server = contextlib.nullcontext()
         if cfg.use_vllm:
             require_vllm("grpo.use_vllm")  # before the model loads: installed, and a GPU to run it on
-    run_stage("grpo", _flow, cfg, rewards, lora_cfg)
+        if vllm_server.starts_server(cfg) and not launch.in_rank():  # a rank uses the stage process's server
+            plan = launch.plan_for(os.environ.get("DVC_STAGE", "grpo"))
+            server = vllm_server.for_stage(cfg, load_section("model", ModelLoadConfig), paths.model_dir("sft"),
+                                           plan.num_processes if plan else 1)
+    with expected_errors(), server:  # its lines go to the stage's output, before and beside the flow's
+        run_stage("grpo", _flow, cfg, rewards, lora_cfg)
 
 
 if __name__ == "__main__":

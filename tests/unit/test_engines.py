@@ -50,18 +50,18 @@ def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key)
         validate_all(path)
 
 
-def test_server_mode_needs_the_servers_url():
-    with pytest.raises(ValueError, match="vllm_mode server needs vllm_server_base_url"):
-        GRPOStageConfig(use_vllm=True, vllm_mode="server")
-    GRPOStageConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://127.0.0.1:8000")
+def test_grpo_args_hand_trl_its_vllm_settings(tmp_path, monkeypatch):
+    from pipeline import vllm_server
 
-
-def test_grpo_args_hand_trl_its_vllm_settings(tmp_path):
     args = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://h:8000",
                                      vllm_gpu_memory_utilization=0.4), [1.0], tmp_path)
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://h:8000")
     assert args.vllm_gpu_memory_utilization == 0.4
     assert grpo_args(GRPOStageConfig(), [1.0], tmp_path).use_vllm is False
+    # no URL in the params: the server the stage started (pipeline.vllm_server), as its ranks inherit it
+    monkeypatch.setenv(vllm_server.URL_ENV, "http://127.0.0.1:4321")
+    started = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server"), [1.0], tmp_path)
+    assert started.vllm_server_base_url == "http://127.0.0.1:4321"
 
 
 def test_the_default_engine_is_the_decode_loop_on_the_saved_model(tiny, tmp_path):  # noqa: F811
