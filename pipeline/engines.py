@@ -37,7 +37,8 @@ def require_vllm(key: str, path: Path | str = PARAMS_FILE) -> None:
         raise ConfigError(f"{path}: {key}: vLLM is installed but its engine needs a CUDA device; found {found}")
 
 
-def local_sampler(model_dir: Path | str, batch_size: int, name: str, loaded: tuple | None = None) -> LocalSampler:
+def local_sampler(model_dir: Path | str, batch_size: int, name: str, loaded: tuple | None = None
+                  ) -> LocalSampler | VLLMSampler:
     """The sampler of a saved model under `generation.engine`; `loaded` (model, tokenizer) when the stage has it."""
     if active_section("generation").engine == "vllm":
         sampler = VLLMSampler(model_dir, name)
@@ -50,7 +51,7 @@ def local_sampler(model_dir: Path | str, batch_size: int, name: str, loaded: tup
     return LocalSampler(model, tokenizer, batch_size=batch_size, name=name)
 
 
-class VLLMSampler(LocalSampler):
+class VLLMSampler:
     """A saved model sampled by vLLM's offline engine (`generation.engine: vllm`).
 
     Prompts go in as token ids, tokenized here as the decode loop tokenizes them (no BOS added: a chat
@@ -58,6 +59,8 @@ class VLLMSampler(LocalSampler):
     come back as ids and are decoded here. `model`, the transformers copy for step search and the PRM's
     tokenizer check, loads on first use.
     """
+
+    local = True
 
     def __init__(self, model_dir: Path | str, name: str = "vllm") -> None:
         require_vllm("generation.engine")

@@ -245,10 +245,13 @@ class Sampler(Protocol):
     """A sampling backend: the local model, an OpenAI-compatible endpoint, ...
 
     `sample` returns, for each prompt and in the caller's order, `n` completions;
-    temperature 0 means greedy decoding (then n must be 1).
+    temperature 0 means greedy decoding (then n must be 1). `local`: the weights are in this process, as
+    `.model` and `.tokenizer` (step-level search samples them one step at a time; the PRM's tokenizer is
+    checked against that one).
     """
 
     name: str
+    local: bool
 
     def sample(
         self, prompts: Sequence[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int
@@ -257,6 +260,8 @@ class Sampler(Protocol):
 
 class LocalSampler:
     """A transformers causal LM in this process, sampled in length-sorted batches."""
+
+    local = True
 
     def __init__(self, model, tokenizer, batch_size: int = 64, name: str = "local") -> None:
         self.model, self.tokenizer, self.batch_size, self.name = model, tokenizer, batch_size, name

@@ -56,6 +56,8 @@ class OpenAISampler:
     gives no per-choice count. A response without `usage` counts 0 tokens.
     """
 
+    local = False  # weights behind an endpoint: no step-level search, no tokenizer check
+
     def __init__(
         self,
         base_url: str,

@@ -66,7 +66,6 @@ class GuidedRollout:
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         self.replay, self.tau, self.replay_samples = replay, replay_max_accuracy, replay_samples
         self.stats: Counter = Counter()
-        self.replaced: set[int] = set()  # the rollouts the last `guide` replaced
 
     def __call__(self, prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
@@ -83,9 +82,9 @@ class GuidedRollout:
             completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
                                          trainer.accelerator.process_index)
         if self.replay:
-            completion_ids = self.guide(prompts, completion_ids, tokenizer, trainer)
+            completion_ids, replaced = self.guide(prompts, completion_ids, tokenizer, trainer)
             if logprobs is not None:  # a replayed rollout was not sampled: no logprob, so TRL corrects nothing there
-                logprobs = [[None] * len(ids) if i in self.replaced else lps
+                logprobs = [[None] * len(ids) if i in replaced else lps
                             for i, (ids, lps) in enumerate(zip(completion_ids, logprobs))]
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
@@ -111,12 +110,13 @@ class GuidedRollout:
         # vLLM gives the top logprobs of each position, the sampled token's first (as TRL's own generation reads them)
         return [list(ids) for ids in completion_ids], [[lp[0] for lp in seq] for seq in logprobs]
 
-    def guide(self, prompts: list, completion_ids: list[list[int]], tokenizer, trainer=None) -> list[list[int]]:
-        """Replace the last `replay_samples` rollouts of each failing group with the gold rationale."""
+    def guide(self, prompts: list, completion_ids: list[list[int]], tokenizer, trainer=None
+              ) -> tuple[list[list[int]], set[int]]:
+        """(the rollouts with the last `replay_samples` of each failing group replaced by the gold rationale,
+        the indices of those replaced)."""
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         out = list(completion_ids)
-        replayed = 0
-        self.replaced = set()
+        replayed, replaced = 0, set()
         for start in range(0, len(prompts), self.g):
             if any(p != prompts[start] for p in prompts[start : start + self.g]):
                 # TRL keeps a prompt's G rollouts together on one rank when the per-process batch is a
@@ -131,13 +131,13 @@ class GuidedRollout:
             guided = tokenizer(row["rationale"], add_special_tokens=False)["input_ids"][: self.max_new_tokens - 1]
             for i in range(start + self.g - self.replay_samples, start + self.g):
                 out[i] = guided + [tokenizer.eos_token_id]
-                self.replaced.add(i)
+                replaced.add(i)
             replayed += 1
         self.stats["replayed_groups"] += replayed
         self.stats["replayed_samples"] += replayed * self.replay_samples
         if trainer is not None and hasattr(trainer, "_log_metric"):
             trainer._log_metric("guided_replay/group_share", replayed / max(len(prompts) // self.g, 1))
-        return out
+        return out, replaced
 
 
 class TBRMTrainer(GRPOTrainer):

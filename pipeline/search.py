@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 from pipeline import chat
 from pipeline import task as tasks
 from pipeline.generation import BlankLineStop, generate, token_texts
-from pipeline.grading import PARAGRAPH_BREAK
 from pipeline.prm import aggregate
 
 Path = tuple[str, ...]
@@ -63,19 +62,6 @@ def newline_ids(tokenizer) -> list[int]:
     return [i for i, text in zip(ids, texts) if "\n" in text]
 
 
-def next_step(text: str, paragraphs: bool) -> tuple[str, bool]:
-    """(the first step of a sampled continuation, stripped; did a step break end it).
-
-    A line ends at its newline; a paragraph at a blank line after some text (whitespace before it is not a
-    break: `BlankLineStop` reads it the same way).
-    """
-    if not paragraphs:
-        line, newline, _ = text.partition("\n")
-        return line.strip(), bool(newline)
-    parts = PARAGRAPH_BREAK.split(text.lstrip(), maxsplit=1)
-    return parts[0].strip(), len(parts) > 1
-
-
 class StepPolicy:
     """A local causal LM sampled one step at a time, or completed greedily.
 
@@ -88,7 +74,8 @@ class StepPolicy:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.step_tokens, self.completion_tokens = step_tokens, completion_tokens
         self.temperature, self.top_p, self.top_k, self.seed = temperature, top_p, top_k, seed
-        self.paragraphs = tasks.active().step_split == "paragraph"
+        self.task = tasks.active()  # its step break: where a sampled step ends (`Task.first_step`)
+        self.paragraphs = self.task.step_split == "paragraph"
         self.stop_ids = [] if self.paragraphs else newline_ids(tokenizer)
         self.stop = BlankLineStop(tokenizer) if self.paragraphs else None
         # A paragraph may run as long as a whole completion (a MATH solution's); `step_tokens` is a line's limit.
@@ -119,7 +106,7 @@ class StepPolicy:
             lines = []
             for g in per_prefix:
                 self.tokens += g.tokens
-                line, ended = next_step(g.text, self.paragraphs)
+                line, ended = self.task.first_step(g.text)
                 lines.append(Line(line, g.tokens, terminal=tasks.active().ends_path(line) or not ended))
             out.append(lines)
         return out

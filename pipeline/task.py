@@ -98,7 +98,7 @@ class Task:
             return _cof_steps(completion)
         out = []
         for raw in self._raw_parts(completion):
-            out.append(" ".join(raw.split()) if self.step_split == "paragraph" else raw)
+            out.append(self.normalize(raw))
             if self.ends_path(raw):  # decided on the raw text: a paragraph's `Answer:` line is still a line
                 break
         return out
@@ -110,12 +110,23 @@ class Task:
 
     def _parts(self, completion: str) -> list[str]:
         """Every non-blank line or paragraph (whitespace collapsed) of a dataset completion."""
-        raw = self._raw_parts(completion)
-        return [" ".join(p.split()) for p in raw] if self.step_split == "paragraph" else raw
+        return [self.normalize(p) for p in self._raw_parts(completion)]
 
     def normalize(self, step: str) -> str:
         """A step as `steps` gives it: a paragraph's whitespace collapsed, a line stripped."""
         return " ".join(step.split()) if self.step_split == "paragraph" else step.strip()
+
+    def first_step(self, text: str) -> tuple[str, bool]:
+        """(the first step of a sampled continuation, stripped; did a step break end it), for step-level search.
+
+        A line ends at its newline; a paragraph at a blank line after some text (whitespace before it is not a
+        break: `generation.BlankLineStop` reads it the same way).
+        """
+        if self.step_split != "paragraph":
+            line, newline, _ = text.partition("\n")
+            return line.strip(), bool(newline)
+        parts = PARAGRAPH_BREAK.split(text.lstrip(), maxsplit=1)
+        return parts[0].strip(), len(parts) > 1
 
     def join(self, steps: list[str] | tuple[str, ...]) -> str:
         """Steps back into completion text, each ended by the step break (what the policy continues)."""

@@ -23,7 +23,7 @@ from pipeline.config import EvaluateConfig, load_section
 from pipeline.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
 from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.generation import LocalSampler, Sampler
+from pipeline.generation import Sampler
 from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
 from pipeline import task as tasks
 from pipeline.plots import bar_chart
@@ -137,7 +137,7 @@ def build_decoder(cfg: EvaluateConfig, sampler: Sampler, model_dir) -> Decoder:
     from pipeline.search import StepPolicy
 
     dcfg, scorer, policy = cfg.decoding, None, None
-    local = isinstance(sampler, LocalSampler)
+    local = sampler.local
     if dcfg.prm is not None and any(s.startswith("prm_") for s in dcfg.strategies):
         prm_dir = paths.model_dir(dcfg.prm)
         scorer = PRMScorer.load(prm_dir, dcfg.prm_batch_size)

@@ -107,8 +107,8 @@ def test_guided_replay_replaces_the_tail_of_failing_groups_only(tiny):
     texts = ["Answer: 7", "Answer: 8", "nothing",  # group A: all wrong -> last one replaced
              "Answer: 3", "Answer: 1", "Answer: 1"]  # group B: one right -> untouched
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    out = rollout.guide(["A\n"] * 3 + ["B\n"] * 3, ids, tok)
-    assert out[:2] == ids[:2] and out[3:] == ids[3:]
+    out, replaced = rollout.guide(["A\n"] * 3 + ["B\n"] * 3, ids, tok)
+    assert out[:2] == ids[:2] and out[3:] == ids[3:] and replaced == {2}
     assert out[2][-1] == tok.eos_token_id
     assert tok.decode(out[2], skip_special_tokens=True) == gold["A\n"]["rationale"]
     assert dict(rollout.stats) == {"groups": 2, "replayed_groups": 1, "replayed_samples": 1}

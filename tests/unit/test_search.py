@@ -293,13 +293,15 @@ def paragraphs():
 
 
 def test_a_sampled_step_is_a_line_or_a_paragraph():
-    from pipeline.search import next_step
+    from pipeline import task as tasks
 
-    assert next_step("Step 1: a.\nStep 2: b.", paragraphs=False) == ("Step 1: a.", True)
-    assert next_step("Answer: 3", paragraphs=False) == ("Answer: 3", False)
+    lines, paragraphs = tasks.Task("dataset", "gsm8k", "exact", "line"), tasks.Task("dataset", "gsm8k", "exact",
+                                                                                     "paragraph")
+    assert lines.first_step("Step 1: a.\nStep 2: b.") == ("Step 1: a.", True)
+    assert lines.first_step("Answer: 3") == ("Answer: 3", False)
     # a paragraph keeps its own line breaks; leading whitespace is not a break; a blank line with spaces is
-    assert next_step("\n3 * 4 = 12\napples.\n \nthen", paragraphs=True) == ("3 * 4 = 12\napples.", True)
-    assert next_step("#### 10", paragraphs=True) == ("#### 10", False)
+    assert paragraphs.first_step("\n3 * 4 = 12\napples.\n \nthen") == ("3 * 4 = 12\napples.", True)
+    assert paragraphs.first_step("#### 10") == ("#### 10", False)
 
 
 def test_beam_search_on_paragraph_steps_continues_blank_lines_and_scores_collapsed_paragraphs(paragraphs):
