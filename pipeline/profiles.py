@@ -72,17 +72,29 @@ def read_profile(name: str, root: Path | None = None) -> dict:
     return data
 
 
-def required(name: str, root: Path | None = None) -> dict[str, str]:
-    """{dotted key: what to set it to} that a profile and those it extends leave for `-S` (a model to bring)."""
+def chain(name: str, root: Path | None = None, _seen: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """[(name, file mapping)] of a profile and the profiles it extends, the base first, each file read once."""
+    if name in _seen:
+        raise ConfigError(f"profiles: {' -> '.join((*_seen, name))}: a profile cannot extend itself")
     data = read_profile(name, root)
-    base = required(data["extends"], root) if data.get("extends") else {}
-    return {**base, **(data.get("requires") or {})}
+    base = chain(data["extends"], root, (*_seen, name)) if data.get("extends") else []
+    return [*base, (name, data)]
 
 
-def check_required(name: str, params: dict, root: Path | None = None) -> None:
+def required(name: str, root: Path | None = None, profiles: list[tuple[str, dict]] | None = None) -> dict[str, str]:
+    """{dotted key: what to set it to} that a profile and those it extends leave for `-S` (a model to bring);
+    `profiles`: its `chain`, when read already."""
+    out: dict[str, str] = {}
+    for _, data in profiles if profiles is not None else chain(name, root):
+        out.update(data.get("requires") or {})
+    return out
+
+
+def check_required(name: str, params: dict, root: Path | None = None,
+                   profiles: list[tuple[str, dict]] | None = None) -> None:
     """Fails naming each key the profile requires that is still unset (null or empty) in the resolved params."""
     missing = []
-    for key, why in required(name, root).items():
+    for key, why in required(name, root, profiles).items():
         value: Any = params
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
@@ -92,14 +104,12 @@ def check_required(name: str, params: dict, root: Path | None = None) -> None:
         raise ConfigError(f"profile {name} needs " + "; ".join(missing))
 
 
-def overrides(name: str, root: Path | None = None, _seen: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
-    """[(source, overrides)] of a profile and the profiles it extends, the base first."""
-    if name in _seen:
-        raise ConfigError(f"profiles: {' -> '.join((*_seen, name))}: a profile cannot extend itself")
-    data = read_profile(name, root)
-    chain = overrides(data["extends"], root, (*_seen, name)) if data.get("extends") else []
-    source = str(PROFILES_DIR / f"{name}.yaml")
-    return chain + ([(source, data["params"])] if data.get("params") else [])
+def overrides(name: str, root: Path | None = None, profiles: list[tuple[str, dict]] | None = None
+              ) -> list[tuple[str, dict]]:
+    """[(source, overrides)] of a profile and the profiles it extends, the base first; `profiles`: its `chain`,
+    when read already."""
+    return [(str(PROFILES_DIR / f"{each}.yaml"), data["params"])
+            for each, data in (profiles if profiles is not None else chain(name, root)) if data.get("params")]
 
 
 def defaults() -> dict:
@@ -192,7 +202,8 @@ def seed_sets(seed: int) -> list[str]:
 def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None = None) -> dict:
     """The full params of `profile` with `sets` on top, every section validated by its schema."""
     params = defaults()
-    for source, over in overrides(profile, root):
+    profiles = chain(profile, root)  # the profile files, read once for their params and their requires
+    for source, over in overrides(profile, root, profiles):
         params = merge(params, over, source)
     for item in sets:
         key, value = parse_set(item)
@@ -204,7 +215,7 @@ def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None 
         task["data_dependency"] = data_dependency_for((dataset or {}).get("path"))
     resolved = {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
                 for name in SECTIONS}
-    check_required(profile, resolved, root)
+    check_required(profile, resolved, root, profiles)
     return resolved
 
 
