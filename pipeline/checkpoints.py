@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
@@ -87,6 +88,8 @@ def run_key(trainer, stage_cfg: Any) -> str:
     data = trainer.train_dataset
     digest.update(str(getattr(data, "_fingerprint", None) or len(data)).encode())
     for name, tensor in sorted(trainer.model.state_dict().items()):
+        if isinstance(tensor, DTensor):  # a phase after one that left FSDP's shards: the same key on every rank
+            tensor = tensor.full_tensor()
         digest.update(name.encode())
         digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

@@ -34,7 +34,13 @@ def dvclive_callback(live_dir: Path):
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
-    """A copy of the weights in CPU memory (on a GPU a second copy there could cost as much as the model)."""
+    """A copy of the weights in CPU memory (on a GPU a second copy there could cost as much as the model).
+
+    A model that an earlier phase left sharded by FSDP (sft's curriculum, its logit distillation) is gathered,
+    by every rank: global rank 0 gets the copy, the others {} (as `weights_changed` reads them).
+    """
+    if sharding.sharded(model):
+        return sharding.full_state_dict(model)  # in CPU memory already, a copy
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 

@@ -11,6 +11,7 @@ import copy
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from pipeline import sharding
+from pipeline.checkpoints import run_key
 from pipeline.generation import decode, pad
 from pipeline.models import save_model, train_tokenizer
 from pipeline.training import snapshot, weights_changed
@@ -38,6 +40,11 @@ def tiny_model() -> Qwen2ForCausalLM:
     return model.eval()
 
 
+def as_trainer(model) -> SimpleNamespace:
+    """What `checkpoints.run_key` reads of a trainer."""
+    return SimpleNamespace(args=SimpleNamespace(to_dict=dict), train_dataset=[0, 1], model=model)
+
+
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -55,6 +62,8 @@ def main(out: Path) -> None:
     fully_shard(model)
     report = {"lockstep": sharding.lockstep(model), "lockstep_whole": sharding.lockstep(whole),
               "reference": reference}
+    # a later phase's checkpoint key (repro.checkpoint_steps): the whole weights', the same on every rank
+    report["key_whole"], report["key_sharded"] = run_key(as_trainer(whole), {}), run_key(as_trainer(model), {})
     report["sharded"] = decode(model, ids, mask, NEW_TOKENS, NEVER, stop_ids=stops)
     gathered = sharding.full_state_dict(model)
     report["gathered_keys"] = sorted(gathered)
@@ -67,6 +76,10 @@ def main(out: Path) -> None:
     optimizer.step()
     report["changed_trained"] = weights_changed(before, model)
     trained = sharding.full_state_dict(model)
+    # a second phase on the model the first left sharded (sft's curriculum): its snapshot is gathered too
+    again = snapshot(model)
+    report["snapshot_keys"] = len(again)
+    report["changed_since_snapshot"] = weights_changed(again, model)
     tokenizer = train_tokenizer(["a b c d e f g h i j k"] * 4, 64)
     save_model(model, tokenizer, out / f"model{rank}")
     saved = out / f"model{rank}"

@@ -44,6 +44,13 @@ def test_weights_are_gathered_whole_on_rank_zero_only(ranks):
     assert zero["gathered_equal"] and one["gathered_keys"] == []
     assert zero["changed_untrained"] == 0.0 and zero["changed_trained"] == 1.0  # every tensor moved in one step
     assert one["changed_trained"] == 0.0  # only rank 0 measures: it writes the metrics
+    # a second phase's snapshot of the sharded model: whole on rank 0, where nothing has changed since
+    assert zero["snapshot_keys"] == 27 and one["snapshot_keys"] == 0 and zero["changed_since_snapshot"] == 0.0
+
+
+def test_a_checkpoint_key_reads_the_whole_weights_on_every_rank(ranks):
+    zero, one = ranks
+    assert zero["key_sharded"] == zero["key_whole"] == one["key_sharded"] == one["key_whole"]
 
 
 def test_rank_zero_saves_the_whole_trained_model_and_the_others_nothing(ranks):
