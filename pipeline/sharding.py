@@ -14,7 +14,12 @@ import torch
 
 
 def sharded(model) -> bool:
-    """Are the model's parameters sharded DTensors (FSDP 2, on one rank or more)?"""
+    """Are the model's parameters sharded DTensors (FSDP 2, on one rank or more)? FSDP needs a process group:
+    without one (every single-process run: each decode call asks) no parameter is looked at."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
@@ -24,7 +29,7 @@ def lockstep(model) -> bool:
     """Must this process's forward passes keep pace with other ranks'? (sharded, over more than one rank)"""
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and sharded(model)
+    return sharded(model) and dist.get_world_size() > 1
 
 
 def any_rank(flag: bool, device) -> bool:
