@@ -845,7 +845,8 @@ class LaunchConfig(Section):
                                "at most one per core, with gloo): more than 1 starts the ranks through accelerate")
     config_file: str | None = Field(
         None, min_length=1, description="an accelerate config file (configs/accelerate/: ddp.yaml, fsdp.yaml "
-        "(FSDP 2, CUDA only), deepspeed_zero2.yaml; deepspeed_zero3.yaml is refused); null: DDP (gloo on CPU)")
+        "(FSDP 2, CUDA only), deepspeed_zero2.yaml, deepspeed_zero3.yaml (GPUs, or CPUs over gloo)); null: DDP (gloo "
+        "on CPU)")
     num_machines: int = Field(1, ge=1, description="machines taking part (multi-node: run the stage on each)")
     machine_rank: int = Field(0, ge=0, description="this machine's rank (0: the one that runs DVC and writes the "
                               "outputs)")

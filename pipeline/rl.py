@@ -28,12 +28,12 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline import chat, checkpoints, vllm_server
+from pipeline import chat, checkpoints, sharding, vllm_server
 from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.flows import phase
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
-from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed
+from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed, world
 
 RL_COLUMNS = ("id", "prompt", "answer", "answer_type", "step_values", "rationale")
 
@@ -69,7 +69,6 @@ class GuidedRollout:
 
     def __call__(self, prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
-        model = trainer.accelerator.unwrap_model(trainer.model)
         if isinstance(prompts[0], str):
             prompt_ids = tokenizer(text=prompts)["input_ids"]  # as TRL's own generation tokenizes them
         else:  # conversational (prompt.format chat): TRL leaves the template to a rollout_func
@@ -79,8 +78,9 @@ class GuidedRollout:
         if getattr(trainer, "use_vllm", False):
             completion_ids, logprobs = self.sample_vllm(trainer, prompt_ids)
         else:
-            completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
-                                         trainer.accelerator.process_index)
+            with sharding.generating(trainer) as model:  # ZeRO-3: gathered whole while it samples
+                completion_ids = self.sample(model, tokenizer, prompt_ids, trainer.state.global_step,
+                                             trainer.accelerator.process_index)
         if self.replay:
             completion_ids, replaced = self.guide(prompts, completion_ids, tokenizer, trainer)
             if logprobs is not None:  # a replayed rollout was not sampled: no logprob, so TRL corrects nothing there
@@ -266,6 +266,7 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
     start = time.perf_counter()
     result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
+    sharding.unshard(trainer, model)  # ZeRO-3: whole weights again, to save
     logs = [log for log in trainer.state.log_history if "reward" in log]
     first, last = (logs[0], logs[-1]) if logs else ({}, {})
     metrics = {
@@ -285,7 +286,7 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         "accuracy_reward_last": round(last.get("rewards/accuracy/mean", float("nan")), 4),
         "kl_last": round(last.get("kl", 0.0), 5),
         "weights_changed": round(weights_changed(before, model), 3),
-        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
+        **world(trainer),
     }
     if rollout.replay:
         metrics["guided_replay"] = summed_over_ranks(trainer, rollout.stats)

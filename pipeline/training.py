@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +60,18 @@ def weights_changed(before: dict[str, torch.Tensor], model) -> float:
     return changed / max(len(before), 1)
 
 
+def world(trainer) -> dict:
+    """`world_size`: the processes that trained it (launch.num_processes); with more than one, `distributed`: how
+    they shared the work, as accelerate ran it ("MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED zero-3")."""
+    acc = trainer.accelerator
+    if acc.num_processes == 1:
+        return {"world_size": 1}
+    kind = acc.distributed_type.value
+    if kind == "DEEPSPEED":
+        kind += f" zero-{acc.state.deepspeed_plugin.zero_stage}"
+    return {"world_size": acc.num_processes, "distributed": kind}
+
+
 class StepTimer(TrainerCallback):
     """Wall seconds of every optimizer step (bench/sft_step.py, bench/grpo_step.py)."""
 
@@ -78,10 +91,16 @@ def device_kwargs() -> dict:
     TRL defaults to bf16 and gradient checkpointing; on a CPU both make a tiny
     model many times slower (bf16 autocast has no fast CPU kernels here, and
     re-computing activations buys nothing when they are a few MB).
+
+    A rank of a DeepSpeed launch without CUDA (accelerate sets ACCELERATE_USE_DEEPSPEED) must not ask for the CPU:
+    accelerate would then drop DeepSpeed for plain DDP. It names gloo instead, which DeepSpeed's CPU accelerator
+    runs its collectives on.
     """
     cuda = torch.cuda.is_available()
+    deepspeed_on_cpu = not cuda and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     return {
-        "use_cpu": not cuda,
+        "use_cpu": not cuda and not deepspeed_on_cpu,
+        **({"ddp_backend": "gloo"} if deepspeed_on_cpu else {}),
         "bf16": cuda and torch.cuda.is_bf16_supported(),
         "gradient_checkpointing": False,
     }
@@ -140,6 +159,7 @@ def sft_train(
     result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
     final_eval = trainer.evaluate()
+    sharding.unshard(trainer, model)  # ZeRO-3: whole weights again for what follows (a drill, a later phase)
     # TRL logs the running count of trained (non-padding) tokens as `num_tokens`.
     tokens = max((log.get("num_tokens", 0) for log in trainer.state.log_history), default=0)
     return {
@@ -150,7 +170,7 @@ def sft_train(
         "train_seconds": round(seconds, 1),
         "tokens_per_second": round(tokens / seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
-        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
+        **world(trainer),
     }
 
 
@@ -189,12 +209,13 @@ def logit_distill(
     start = time.perf_counter()
     result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
+    sharding.unshard(trainer, model)
     return {
         "train_loss": round(result.training_loss, 4),
         "steps": result.global_step,
         "train_seconds": round(seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
-        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
+        **world(trainer),
     }
 
 
@@ -236,6 +257,7 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
     start = time.perf_counter()
     result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
+    sharding.unshard(trainer, model)
     logs = [log for log in trainer.state.log_history if "rewards/accuracies" in log]
     return {
         "pairs": len(pairs),
@@ -245,7 +267,7 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
         "reward_accuracy_last": round(logs[-1]["rewards/accuracies"], 4) if logs else None,
         "reward_margin_last": round(logs[-1]["rewards/margins"], 4) if logs else None,
         "weights_changed": round(weights_changed(before, model), 3),
-        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
+        **world(trainer),
     }
 
 
@@ -349,6 +371,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
     start = time.perf_counter()
     result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
+    sharding.unshard(trainer, model)
     return {
         "paths": len(features),
         "lines": sum(len(f["spans"]) for f in features),
@@ -357,5 +380,5 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         "steps": result.global_step,
         "train_seconds": round(seconds, 1),
         "weights_changed": round(weights_changed(before, model), 3),
-        "world_size": trainer.accelerator.num_processes,  # processes that trained it (launch.num_processes)
+        **world(trainer),
     }

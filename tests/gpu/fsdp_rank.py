@@ -1,7 +1,7 @@
-"""One rank of tests/gpu/test_fsdp.py, started by `accelerate launch --config_file configs/accelerate/fsdp.yaml`:
-SFT with TRL (the weights sharded by accelerate's FSDP 2 plugin), the model saved whole, greedy decoding of this
-rank's own prompts from the sharded model, then GRPO steps on the saved model (rollouts decoded in step over the
-ranks). Each rank writes what it saw to <out>/rank<r>.json.
+"""One rank of tests/gpu/test_fsdp.py, started by `accelerate launch --config_file configs/accelerate/<config>`:
+SFT with TRL (the weights sharded by accelerate's FSDP 2 plugin, or partitioned by DeepSpeed ZeRO-3), the model
+saved whole, greedy decoding of this rank's own prompts, then GRPO steps on the saved model (rollouts decoded in
+step over the ranks). Each rank writes what it saw to <out>/rank<r>.json.
 
     accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes N tests/gpu/fsdp_rank.py SAVED OUT
 """
@@ -15,18 +15,18 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from pipeline import sharding, training
+from pipeline import rl, sharding, training
 from pipeline.config import GRPOStageConfig, RewardsConfig, TrainConfig
 from pipeline.generation import decode, pad, pad_id
 from pipeline.models import load_model, save_model
-from pipeline.rl import rl_train
 
 TEXTS = [f"Question: what is {a}+{b}?\nStep 1: Select them: {a} {b}.\nStep 2: {a} + {b} = {a + b}.\nAnswer: {a + b}"
          for a in range(10) for b in range(10)]
 
 
 def main(saved: Path, out: Path) -> None:
-    training.dvclive_callback = lambda live_dir: TrainerCallback()  # the image has no dvclive: no curves here
+    # the image has no dvclive: no curves here (rl took its own reference to the function)
+    training.dvclive_callback = rl.dvclive_callback = lambda live_dir: TrainerCallback()
     rank = int(__import__("os").environ.get("RANK", 0))
     model, tok = load_model(saved)
     rows = [{"prompt": t.split("\n", 1)[0] + "\n", "rationale": t.split("\n", 1)[1]} for t in TEXTS]
@@ -47,7 +47,7 @@ def main(saved: Path, out: Path) -> None:
              "step_values": [], "rationale": r["rationale"]} for i, (r, t) in enumerate(zip(rows, TEXTS))][:16]
     grpo = GRPOStageConfig(max_steps=3, prompts_per_step=2, num_generations=4, max_completion_length=32,
                            learning_rate=1e-4, success_prompts=0)
-    report["grpo"] = rl_train(grpo, RewardsConfig(weights={"accuracy": 1.0}), policy, tok, gold, out / f"rl{rank}",
+    report["grpo"] = rl.rl_train(grpo, RewardsConfig(weights={"accuracy": 1.0}), policy, tok, gold, out / f"rl{rank}",
                               out / f"rl-live{rank}")
     (out / f"rank{rank}.json").write_text(json.dumps(report, default=str))
 

@@ -1,8 +1,9 @@
 """One rank of tests/unit/test_sharding.py, run by torchrun on 2 gloo processes: a tiny model sharded by FSDP 2
-(torch's `fully_shard`, as accelerate's FSDP 2 plugin shards it on GPUs), decoded, gathered, trained a step and
-saved through the pipeline's own functions. Each rank writes what it saw to <out>/rank<r>.json.
+(torch's `fully_shard`, as accelerate's FSDP 2 plugin shards it on GPUs) or partitioned by DeepSpeed ZeRO-3 (its
+CPU accelerator), decoded, gathered, trained a step and saved through the pipeline's own functions. Each rank
+writes what it saw to <out>/rank<r>.json.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/unit/sharded_ranks.py <out>
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/unit/sharded_ranks.py <out> fsdp|zero3
 """
 
 from __future__ import annotations
@@ -45,7 +46,20 @@ def as_trainer(model) -> SimpleNamespace:
     return SimpleNamespace(args=SimpleNamespace(to_dict=dict), train_dataset=[0, 1], model=model)
 
 
-def main(out: Path) -> None:
+def zero3_engine(model):
+    """DeepSpeed's ZeRO-3 engine over `model`, every parameter partitioned (none kept whole for being small), with
+    a plain torch optimizer (DeepSpeed's own Adam would compile an extension)."""
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+              "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                      config=config)
+    return engine
+
+
+def main(out: Path, kind: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = tiny_model()
@@ -57,22 +71,32 @@ def main(out: Path) -> None:
     probe = decode(whole, ids, mask, NEW_TOKENS, NEVER)
     stops = [row[0] for row in probe] if rank == 0 else []
     reference = decode(whole, ids, mask, NEW_TOKENS, NEVER, stop_ids=stops)  # one process, unsharded
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    if kind == "fsdp":
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = None
+    else:
+        engine = zero3_engine(model)
+        optimizer = engine
     report = {"lockstep": sharding.lockstep(model), "lockstep_whole": sharding.lockstep(whole),
               "reference": reference}
     # a later phase's checkpoint key (repro.checkpoint_steps): the whole weights', the same on every rank
-    report["key_whole"], report["key_sharded"] = run_key(as_trainer(whole), {}), run_key(as_trainer(model), {})
+    report["key_whole"] = run_key(as_trainer(whole), {})
+    if kind == "fsdp":  # (a stage never keys a ZeRO-3 partitioned model: `sharding.unshard` ends every trainer)
+        report["key_sharded"] = run_key(as_trainer(model), {})
     report["sharded"] = decode(model, ids, mask, NEW_TOKENS, NEVER, stop_ids=stops)
     gathered = sharding.full_state_dict(model)
     report["gathered_keys"] = sorted(gathered)
     report["gathered_equal"] = all(torch.equal(gathered[k], before[k]) for k in gathered)
     report["changed_untrained"] = weights_changed(before, model)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batch = torch.tensor([[1, 2, 3, 4, 5, 6]]) + rank
-    model(input_ids=batch, labels=batch).loss.backward()
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model(input_ids=batch, labels=batch).loss.backward()
+    else:  # DeepSpeed's engine: its backward reduces the partitioned gradients
+        optimizer.backward(engine(input_ids=batch, labels=batch).loss)
     optimizer.step()
     report["changed_trained"] = weights_changed(before, model)
     trained = sharding.full_state_dict(model)
@@ -88,9 +112,18 @@ def main(out: Path) -> None:
         loaded = AutoModelForCausalLM.from_pretrained(saved).state_dict()
         report["saved_equal"] = all(torch.equal(loaded[k], trained[k]) for k in trained)
         report["saved_architecture"] = json.loads((saved / "config.json").read_text())["architectures"]
+    if kind == "zero3":  # after its trainer, a stage gives the model its whole weights back on every rank
+        sharding.unshard(SimpleNamespace(accelerator=SimpleNamespace(free_memory=engine.destroy)), model)
+        whole_now = model.state_dict()
+        report["unsharded"] = not sharding.zero3(model) and not sharding.sharded(model)
+        report["still_tied"] = model.lm_head.weight is model.model.embed_tokens.weight
+        report["unsharded_equal"] = all(torch.equal(whole_now[k], trained[k]) for k in trained)
+        report["unsharded_decode"] = decode(model.eval(), ids, mask, NEW_TOKENS, NEVER, stop_ids=stops)
+        report["unsharded_trainable"] = all(p.requires_grad and p.numel() > 0 for p in model.parameters())
+        report["unsharded_key"] = run_key(as_trainer(model), {})  # the same whole weights on both ranks
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2])
