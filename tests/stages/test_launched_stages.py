@@ -160,6 +160,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # two more stage processes (`make test-slow`)
 def test_two_machines_on_loopback_train_as_one_run_and_only_machine_0_writes(workspace, tmp_path):
     """Multi-node as documented: every machine runs the stage with its own `launch.machine_rank`; here machine 1
     is a copy of the project beside it, both on 127.0.0.1, one process each."""
