@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
-from pipeline import faults
+from pipeline import faults, sharding
 from pipeline.config import active_section
 from pipeline.io import StageFailed
 
@@ -87,9 +86,9 @@ def run_key(trainer, stage_cfg: Any) -> str:
     digest.update(json.dumps({"params": params, "args": args}, sort_keys=True, default=str).encode())
     data = trainer.train_dataset
     digest.update(str(getattr(data, "_fingerprint", None) or len(data)).encode())
-    for name, tensor in sorted(trainer.model.state_dict().items()):
-        if isinstance(tensor, DTensor):  # a phase after one that left FSDP's shards: the same key on every rank
-            tensor = tensor.full_tensor()
+    # whole tensors, the same key on every rank: a phase after one that left FSDP's shards, or a model loaded
+    # partitioned (ZeRO-3) after a trainer
+    for name, tensor in sharding.whole_tensors(trainer.model):
         digest.update(name.encode())
         digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

@@ -71,16 +71,29 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def _zero3_state_dict(model) -> dict[str, torch.Tensor]:
-    import deepspeed
     import torch.distributed as dist
 
     rank0 = dist.get_rank() == 0
-    out = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():  # the parameters themselves, to gather them
-        with deepspeed.zero.GatheredParameters([tensor] if hasattr(tensor, "ds_id") else []):
-            if rank0:
-                out[name] = tensor.detach().to("cpu", copy=True)
-    return out
+    return {name: tensor for name, tensor in whole_tensors(model) if rank0}
+
+
+def whole_tensors(model):
+    """(name, whole tensor) for every entry of the model's state dict, in name order, on every rank: sharded ones
+    gathered in turn (a collective: every rank iterates to the end), so no device holds more than one whole tensor
+    beside its shards. A gathered ZeRO-3 tensor is a CPU copy; a DTensor's is on its device."""
+    from torch.distributed.tensor import DTensor
+
+    for name, tensor in sorted(model.state_dict(keep_vars=True).items()):  # the parameters themselves, to gather
+        if isinstance(tensor, DTensor):
+            yield name, tensor.full_tensor().detach()
+        elif hasattr(tensor, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([tensor]):
+                whole = tensor.detach().to("cpu", copy=True)
+            yield name, whole
+        else:
+            yield name, tensor.detach()
 
 
 def unshard(trainer, model) -> None:

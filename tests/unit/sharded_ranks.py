@@ -82,9 +82,7 @@ def main(out: Path, kind: str) -> None:
     report = {"lockstep": sharding.lockstep(model), "lockstep_whole": sharding.lockstep(whole),
               "reference": reference}
     # a later phase's checkpoint key (repro.checkpoint_steps): the whole weights', the same on every rank
-    report["key_whole"] = run_key(as_trainer(whole), {})
-    if kind == "fsdp":  # (a stage never keys a ZeRO-3 partitioned model: `sharding.unshard` ends every trainer)
-        report["key_sharded"] = run_key(as_trainer(model), {})
+    report["key_whole"], report["key_sharded"] = run_key(as_trainer(whole), {}), run_key(as_trainer(model), {})
     report["sharded"] = decode(model, ids, mask, NEW_TOKENS, NEVER, stop_ids=stops)
     gathered = sharding.full_state_dict(model)
     report["gathered_keys"] = sorted(gathered)

@@ -63,9 +63,8 @@ def test_weights_are_gathered_whole_on_rank_zero_only(ranks):
     assert zero["snapshot_keys"] == 27 and one["snapshot_keys"] == 0 and zero["changed_since_snapshot"] == 0.0
 
 
-def test_a_checkpoint_key_reads_the_whole_weights_on_every_rank(fsdp_ranks):
-    # (a stage never keys a ZeRO-3 partitioned model: sharding.unshard ends every trainer)
-    zero, one = fsdp_ranks
+def test_a_checkpoint_key_reads_the_whole_weights_on_every_rank(ranks):
+    zero, one = ranks
     assert zero["key_sharded"] == zero["key_whole"] == one["key_sharded"] == one["key_whole"]
 
 
