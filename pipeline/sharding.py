@@ -22,17 +22,22 @@ from contextlib import contextmanager
 import torch
 
 
+def _grouped() -> bool:
+    """Is there a process group? FSDP and ZeRO-3 both need one: without it (every single-process run, where the
+    decode loop and GRPO's rollouts ask at every call) no parameter is looked at."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def zero3(model) -> bool:
     """Are the model's parameters DeepSpeed ZeRO-3 partitions (gathered or not)?"""
-    return any(hasattr(p, "ds_id") for p in model.parameters())
+    return _grouped() and any(hasattr(p, "ds_id") for p in model.parameters())
 
 
 def sharded(model) -> bool:
-    """Are the model's parameters sharded over the ranks: FSDP 2 DTensors, or ZeRO-3 partitions? Both need a
-    process group: without one (every single-process run: each decode call asks) no parameter is looked at."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    """Are the model's parameters sharded over the ranks: FSDP 2 DTensors, or ZeRO-3 partitions?"""
+    if not _grouped():
         return False
     from torch.distributed.tensor import DTensor
 
@@ -64,17 +69,13 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
     more than one whole tensor beside its shards.
     """
     if zero3(model):
-        return _zero3_state_dict(model)
+        import torch.distributed as dist
+
+        rank0 = dist.get_rank() == 0
+        return {name: tensor for name, tensor in whole_tensors(model) if rank0}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def _zero3_state_dict(model) -> dict[str, torch.Tensor]:
-    import torch.distributed as dist
-
-    rank0 = dist.get_rank() == 0
-    return {name: tensor for name, tensor in whole_tensors(model) if rank0}
 
 
 def whole_tensors(model):

@@ -75,10 +75,9 @@ def main(out: Path, kind: str) -> None:
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
-        optimizer = None
+        engine = None
     else:
         engine = zero3_engine(model)
-        optimizer = engine
     report = {"lockstep": sharding.lockstep(model), "lockstep_whole": sharding.lockstep(whole),
               "reference": reference}
     # a later phase's checkpoint key (repro.checkpoint_steps): the whole weights', the same on every rank
@@ -90,12 +89,13 @@ def main(out: Path, kind: str) -> None:
     report["changed_untrained"] = weights_changed(before, model)
     model.train()
     batch = torch.tensor([[1, 2, 3, 4, 5, 6]]) + rank
-    if optimizer is None:
+    if engine is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         model(input_ids=batch, labels=batch).loss.backward()
-    else:  # DeepSpeed's engine: its backward reduces the partitioned gradients
-        optimizer.backward(engine(input_ids=batch, labels=batch).loss)
-    optimizer.step()
+        optimizer.step()
+    else:  # DeepSpeed's engine steps its own optimizer; its backward reduces the partitioned gradients
+        engine.backward(engine(input_ids=batch, labels=batch).loss)
+        engine.step()
     report["changed_trained"] = weights_changed(before, model)
     trained = sharding.full_state_dict(model)
     # a second phase on the model the first left sharded (sft's curriculum): its snapshot is gathered too
