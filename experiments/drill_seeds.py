@@ -1,4 +1,4 @@
-"""python -m experiments.drill_seeds --vocab-size 866 --seeds 0 1 2 3 [--threads 1]
+"""python -m experiments.drill_seeds --vocab-size 866 --seeds 0 1 2 3 [--threads 1] [--colour-steps N --number-steps N]
 
 How often does an init learn the numeric lookup? For each seed, stage base's
 recipe without the gate: its tokenizer (trained on the training corpus at
@@ -31,11 +31,15 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=None, help="default: base.vocab_size")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--colour-steps", type=int, default=None, help="default: base.drills.colour_steps")
+    parser.add_argument("--number-steps", type=int, default=None, help="default: base.drills.number_steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_section("base", BaseModelConfig)
     if args.vocab_size:
         cfg = cfg.model_copy(update={"vocab_size": args.vocab_size})
+    steps = {"colour_steps": args.colour_steps, "number_steps": args.number_steps}
+    cfg.drills = cfg.drills.model_copy(update={k: v for k, v in steps.items() if v is not None})
     synth = load_section("synthesize", SynthesizeConfig)
     rows = read_rows(paths.split_file("train"), required=("prompt", "rationale"))
     _, tokenizer = base_model(cfg, rows)  # the stage's own tokenizer (its undrilled model is not used)

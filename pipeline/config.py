@@ -95,8 +95,8 @@ class DrillConfig(Section):
     """`base.drills`: table-reading drills a student built from scratch trains on before SFT (pipeline/drills.py)."""
 
     seed: int = Field(0, description="RNG seed of the random tables and the keys asked")
-    colour_steps: int = Field(3000, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
-    number_steps: int = Field(1500, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
+    colour_steps: int = Field(2000, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
+    number_steps: int = Field(1000, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
     batch_size: int = Field(16, ge=1, description="drills per optimizer step")
     val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metrics ask")
@@ -129,7 +129,9 @@ class RankDrillConfig(Section):
 class BaseModelConfig(Section):
     """`base`: the tokenizer and the student before SFT (built from scratch and drilled, or loaded)."""
 
-    seed: int = Field(0, description="RNG seed for weight init")
+    seed: int = Field(3, description="RNG seed for weight init (3: an init whose drills learn the table reading on "
+                      "the default's data, chosen on the drills' own held-out tables; why: study "
+                      "`quick-default-under-ten-minutes`)")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
     vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size asked of the trained tokenizer, in tokens "
                             "(an upper bound: a small corpus may have fewer merges)")
@@ -188,7 +190,8 @@ class SFTConfig(TrainConfig):
     """`sft`: supervised fine-tuning of the student, on gold rationales and/or verified teacher traces."""
 
     num_train_epochs: float = Field(
-        3.0, gt=0, description="passes over the training set (why: docs/experiments/longer-sft.md)"
+        3.0, gt=0, description="passes over the training set (why: studies `longer-sft`, "
+        "`quick-default-under-ten-minutes`)"
     )
     source: Literal["gold", "distilled", "mixed"] = Field(
         "gold", description="training completions: gold rationales, verified teacher traces (data/distill), or both"
@@ -499,8 +502,8 @@ class PRMDataConfig(Section):
     seed: int = Field(0, description="question sample and sampling seed")
     policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
-    gold_questions: int = Field(4000, ge=1, description="gold labels: new training questions (why: study "
-                                "`quick-default`)")
+    gold_questions: int = Field(3000, ge=1, description="gold labels: new training questions (why: studies "
+                                "`quick-default`, `quick-default-under-ten-minutes`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
     mc_rollouts: int = Field(4, ge=1, description="a dataset task (no gold step values): completions sampled after "
@@ -545,7 +548,8 @@ class PRMConfig(Section):
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     warmup_steps: float = Field(0.05, ge=0, description="linear warm-up (share of steps when < 1)")
     num_train_epochs: float = Field(1.5, gt=0, description="passes over the labelled paths (why: studies "
-                                    "`prm-contrast-paths`, `prm-epochs-and-length-grouping`, `quick-default`)")
+                                    "`prm-contrast-paths`, `prm-epochs-and-length-grouping`, `quick-default`, "
+                                    "`quick-default-under-ten-minutes`)")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
     group_by_length: bool = Field(False, description="batch paths of similar length (transformers' length-grouped "
                                   "sampler: less padding); not with pair_weight, whose batches hold a question's "
@@ -647,7 +651,8 @@ class AnimateConfig(Section):
 class EvaluateConfig(Section):
     """`evaluate`: batched greedy generation on test and ood, graded per question; PRM-guided decoding."""
 
-    batch_size: int = Field(64, ge=1, description="questions generated together")
+    batch_size: int = Field(256, ge=1, description="sequences generated together (greedy: questions; sampled: "
+                            "questions x samples)")
     max_new_tokens: int = Field(128, ge=1, description="generation limit per question, in tokens")
     max_samples: int | None = Field(None, ge=1, description="evaluate only the first N questions of each split")
     splits: list[Literal["test", "ood", "val"]] = Field(["test", "ood"], min_length=1, description="splits to evaluate")

@@ -123,8 +123,8 @@ def generalisation_plot(evaluations: dict[str, dict], path: Path) -> None:
 # (column title, metrics folder relative to the repository root): this workspace's run of the quick default,
 # and snapshots of other runs' metrics/ (docs/results/<name>/, each with a README saying how it was made).
 RESULT_COLUMNS = (
-    ("quick default, seed 0", "metrics"),
-    ("quick default, seed 1", "docs/results/quick-seed1"),
+    ("quick default", "metrics"),
+    ("quick default, `--seed 1`", "docs/results/quick-seed1"),
     ("`research` profile", "docs/results/research"),
 )
 STUDENTS = ("sft", "sft_extended", "grpo", "dpo")
