@@ -49,6 +49,9 @@ part pytest 240 python3 -m pytest tests/gpu tests/unit/test_prm.py tests/unit/te
 # The gpu profile's 0.3B student at random init (nothing carried): matrix rate, packed SFT, greedy decoding (and
 # vLLM where installed), PRM scoring, GRPO steps; JSON in $OUT/gpu_profile.json
 part gpu_profile 300 python3 bench/gpu_profile.py "$OUT" ${GPU_PROFILE_PARTS:+--parts "$GPU_PROFILE_PARTS"}
+# The same SFT steps with the model compiled (sft.torch_compile: torch.compile, inductor), for the MFU target; JSON in
+# $OUT/compiled/gpu_profile.json
+part gpu_profile_compiled 180 python3 bench/gpu_profile.py "$OUT/compiled" --parts sft -S sft.torch_compile=true
 # These read the default CPU run's models/ and data/ (carry them): run only where they are here.
 if [ -d models/prm ] && [ -d data/prm_data ]; then
   part sft_step 60 python3 bench/sft_step.py --steps 30

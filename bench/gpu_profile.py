@@ -124,6 +124,8 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
 
     cfg = SFTConfig(**profile["sft"])
     batch = cfg.per_device_train_batch_size
+    if cfg.torch_compile:  # the first step compiles, the next new batch length recompiles with dynamic shapes
+        warmup = max(warmup, 5)
     while True:
         clock = step_clock()
         with tempfile.TemporaryDirectory() as work:
@@ -145,7 +147,8 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
     seconds = sum(clock.times[warmup:])
     rate = timed_tokens / seconds
     return {"packing": cfg.packing, "max_length": cfg.max_length, "batch_sequences": batch,
-            "gradient_checkpointing": cfg.gradient_checkpointing, "timed_steps": len(clock.times) - warmup,
+            "gradient_checkpointing": cfg.gradient_checkpointing, "torch_compile": cfg.torch_compile,
+            "warmup_steps": warmup, "timed_steps": len(clock.times) - warmup,
             "tokens_per_step": round(timed_tokens / max(len(clock.times) - warmup, 1)),
             "seconds_per_step": round(seconds / max(len(clock.times) - warmup, 1), 4),
             "tokens_per_second": round(rate), **mfu(info["parameters"], rate, rates),

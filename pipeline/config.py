@@ -180,6 +180,9 @@ class TrainConfig(Section):
                           "flash_attention_2")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
                                          "memory for larger batches, about a third more compute (for GPUs)")
+    torch_compile: bool = Field(False, description="train the model compiled by torch.compile (inductor: fused "
+                                "kernels, for GPUs; the first steps pay the compile, and each new batch length may "
+                                "recompile); bench/gpu.sh measures it")
     max_train_samples: int | None = Field(None, ge=1, description="use only the first N training questions")
     max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
     eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")

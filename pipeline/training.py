@@ -131,9 +131,37 @@ def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfi
         dataloader_num_workers=0,
         **device_kwargs(),
     )
-    args.update(packing=cfg.packing, gradient_checkpointing=cfg.gradient_checkpointing)
+    args.update(packing=cfg.packing, gradient_checkpointing=cfg.gradient_checkpointing, torch_compile=cfg.torch_compile)
     args.update(overrides)
     return TRLSFTConfig(**args)
+
+
+def sft_trainer_class():
+    """TRL's SFTTrainer, or on a machine without CUDA one whose loss goes through the model's plain LM head.
+
+    Why: TRL projects through its fused LM head in tiles (it spares GPU memory on large vocabularies) and computes
+    entropy and token accuracy on every step; on a CPU that is about a third of a small model's step
+    (BENCHMARKS.md, "SFT step time"). The loss is the same: the model's own next-token cross-entropy on the labels
+    TRL's collator built (the completion's tokens), summed over the batch's tokens. TRL's `num_tokens` is kept.
+    """
+    from trl import SFTTrainer
+
+    if torch.cuda.is_available():
+        return SFTTrainer
+
+    class PlainHeadSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            inputs["use_cache"] = False  # no KV cache in a training forward
+            out = Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
+                                       num_items_in_batch=num_items_in_batch)
+            if model.training:  # TRL's running count of trained tokens (padding-free batches carry no mask)
+                mask = inputs.get("attention_mask")
+                local = mask.sum() if mask is not None else torch.tensor(inputs["position_ids"].size(1))
+                self._total_train_tokens += self.accelerator.gather_for_metrics(local).sum().item()
+                self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+            return out
+
+    return PlainHeadSFTTrainer
 
 
 @phase("train")
@@ -142,12 +170,10 @@ def sft_train(
     live_dir: Path, **overrides,
 ) -> dict:
     """One TRL SFTTrainer run in place on (prompt, rationale) rows; returns its summary metrics."""
-    from trl import SFTTrainer
-
     train = prompt_completion_dataset(train_rows[: cfg.max_train_samples])
     val = prompt_completion_dataset(val_rows[: cfg.max_eval_samples])
     before = snapshot(model)
-    trainer = SFTTrainer(
+    trainer = sft_trainer_class()(
         model=model,
         args=trainer_args(cfg, work_dir, **overrides),
         train_dataset=train,

@@ -65,7 +65,7 @@ def save_llama(folder) -> None:
     tokenizer.add_special_tokens({"eos_token": "<|eot_id|>",
                                   "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
     tokenizer.chat_template = LLAMA3_TEMPLATE
-    cfg = BaseModelConfig(architecture="llama", vocab_size=320, hidden_size=32, intermediate_size=64,
+    cfg = BaseModelConfig(seed=0, architecture="llama", vocab_size=320, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                           max_position_embeddings=512)
     save_model(build_student(cfg, tokenizer), tokenizer, folder)

@@ -34,7 +34,7 @@ def main(out: str, learning_rate: float = 3e-3) -> None:
     torch.load = recorded_load
 
     tokenizer = train_tokenizer([r["prompt"] + r["rationale"] for r in ROWS], 200)
-    model = build_student(BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    model = build_student(BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=2, vocab_size=200,
                                           max_position_embeddings=64), tokenizer)
     cfg = SFTConfig(max_steps=8, per_device_train_batch_size=8, logging_steps=1, eval_steps=100,

@@ -103,7 +103,7 @@ def test_a_pickled_checkpoint_is_refused(tmp_path):
     from pipeline.models import build_student, load_model, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
-    model = build_student(BaseModelConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=100), tokenizer)
     save_model(model, tokenizer, tmp_path)
     assert (tmp_path / "model.safetensors").exists()
@@ -122,7 +122,7 @@ def test_a_damaged_checkpoint_fails_naming_its_folder(tmp_path, damage):
     from pipeline.models import build_student, load_model, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
-    model = build_student(BaseModelConfig(hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=100), tokenizer)
     save_model(model, tokenizer, tmp_path)
     weights = tmp_path / "model.safetensors"

@@ -32,7 +32,7 @@ def serve_tiny_model(folder: Path, port: int) -> subprocess.Popen:
     from pipeline.models import build_student, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 2 + 3 = 5\nAnswer: 5", "What is the largest value?"] * 20, 200)
-    model = build_student(BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=200), tokenizer)
     save_model(model, tokenizer, folder)
     server = subprocess.Popen(

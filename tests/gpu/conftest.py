@@ -14,7 +14,7 @@ def save_wide_student(folder: Path, texts: list[str], hidden_size: int, intermed
     """A 2-layer, 2-head student whose random weights are wide (std 0.5), so that prompts lead to distinct
     continuations and a test comparing two engines' text can fail."""
     tok = train_tokenizer(texts, 300)
-    cfg = BaseModelConfig(vocab_size=300, hidden_size=hidden_size, intermediate_size=intermediate_size,
+    cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=hidden_size, intermediate_size=intermediate_size,
                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                           max_position_embeddings=256)
     model = build_student(cfg, tok)

@@ -29,7 +29,7 @@ def tiny(tmp_path_factory):
     texts = [f"Question: what is {a}+{b}?\nStep 1: {a} + {b} = {a + b}.\nAnswer: {a + b}"
              for a in range(20) for b in range(15)]
     tok = train_tokenizer(texts, 320)
-    cfg = BaseModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = BaseModelConfig(seed=0, vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
     folder = tmp_path_factory.mktemp("tiny_model")
     model = build_student(cfg, tok)

@@ -49,7 +49,7 @@ def test_a_built_tokenizer_carries_the_template_and_renders_roles_by_hand(tok, a
     assert chat.render(tok, "How many?") == "<|system|>\nBe brief.\n<|user|>\nHow many?\n<|assistant|>\n"
     full = tok.apply_chat_template(chat.messages("How many?") + [{"role": "assistant", "content": "7"}], tokenize=False)
     assert full == chat.render(tok, "How many?") + "7" + EOS  # the prompt is a prefix; EOS ends the turn
-    save_model(build_student(BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+    save_model(build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                              max_position_embeddings=64), tok), tok, tmp_path / "m")
     assert load_tokenizer(tmp_path / "m").chat_template == BUILT_TEMPLATE  # saved and loaded back
@@ -79,7 +79,7 @@ def test_sft_trains_on_the_completion_tokens_of_the_templated_conversation(tok, 
     from pipeline.training import prompt_completion_dataset, trainer_args
 
     as_chat()
-    model = build_student(BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64), tok)
     rows = [{"prompt": "How many?", "rationale": " 7"}]
     trainer = SFTTrainer(model=model, args=trainer_args(TrainConfig(max_steps=1), tmp_path, eval_strategy="no"), processing_class=tok,
@@ -95,7 +95,7 @@ def test_guided_rollout_renders_conversational_prompts_and_finds_their_gold(tok,
     from pipeline.rl import GuidedRollout
 
     as_chat()
-    model = build_student(BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64), tok)
     gold = {"How many?": {"answer": "7", "answer_type": "number", "rationale": "Step 1: 3 + 4 = 7.\nAnswer: 7"}}
     rollout = GuidedRollout(gold, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=0,
@@ -123,7 +123,7 @@ def test_step_search_and_samplers_render_the_prompt(tok, as_chat):
     from pipeline.generation import LocalSampler
     from pipeline.search import StepPolicy
 
-    model = build_student(BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64), tok)
     torch.manual_seed(0)
     raw = LocalSampler(model, tok).sample(["How many?"], max_new_tokens=4)
@@ -138,7 +138,7 @@ def test_step_search_and_samplers_render_the_prompt(tok, as_chat):
 def test_chat_needs_a_template_a_chat_route_and_system_needs_chat(tmp_path, tok):
     chat_cfg = PromptConfig(format="chat")
     tok.chat_template = None
-    save_model(build_student(BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+    save_model(build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                              max_position_embeddings=64), tok), tok, tmp_path / "plain")
     base = BaseModelConfig(model=str(tmp_path / "plain"))

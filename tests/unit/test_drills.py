@@ -17,7 +17,7 @@ ROW = {
 }
 
 
-TINY = BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+TINY = BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                        num_key_value_heads=1)
 
 

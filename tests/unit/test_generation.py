@@ -17,7 +17,7 @@ def tiny():
     texts = [f"Question: what is {a}+{b}?\nStep 1: {a} + {b} = {a + b}.\nAnswer: {a + b}"
              for a in range(12) for b in range(12)]
     tok = train_tokenizer(texts, 300)
-    cfg = BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
     model = build_student(cfg, tok)
     with torch.no_grad():  # wide weights: different prompts give different continuations

@@ -18,7 +18,7 @@ def base(tmp_path_factory):
     """A tiny model saved as a base folder, relative to a working directory as the stages' models/ are."""
     root = tmp_path_factory.mktemp("lora")
     tokenizer = train_tokenizer(["Step 1: 2 + 3 = 5\nAnswer: 5", "What is the largest value?"] * 20, 200)
-    model = build_student(BaseModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    model = build_student(BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=200), tokenizer)
     save_model(model, tokenizer, root / "models/base")
     return root

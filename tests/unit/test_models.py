@@ -31,7 +31,7 @@ def whole_number_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def saved(tmp_path, tokenizer):
-    cfg = BaseModelConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    cfg = BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
     save_model(build_student(cfg, tokenizer), tokenizer, tmp_path)
     return tmp_path
 
@@ -116,7 +116,7 @@ def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path,
     from pipeline.models import build_student, load_kwargs, load_model, save_model, train_tokenizer
 
     tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
-    cfg = BaseModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     save_model(build_student(cfg, tok), tok, tmp_path / "m")
     params = tmp_path / "params.yaml"

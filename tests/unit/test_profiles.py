@@ -40,7 +40,7 @@ def saved_model(folder: Path) -> Path:
     from pipeline.models import build_student, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Question: 1 + 2?\n#### 3"] * 20, 280)
-    cfg = BaseModelConfig(vocab_size=280, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    cfg = BaseModelConfig(seed=0, vocab_size=280, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     save_model(build_student(cfg, tokenizer), tokenizer, folder)
     return folder
@@ -135,7 +135,10 @@ def test_seed_sets_every_seed_and_the_new_question_seed():
     assert len(seeds) == 14  # every section's seed, and the nested drills' and teacher.train's
     assert params["sft"]["seed"] == params["base"]["drills"]["seed"] == params["teacher"]["train"]["seed"] == 3
     assert params["prm_data"]["question_seed"] == 4 != params["synthesize"]["seed"]
-    assert profiles.resolve("default", profiles.seed_sets(0), root=ROOT) == profiles.defaults()
+    # --seed 0 is the default but for the student's init, which the default chose (study quick-default-under-ten-minutes)
+    zero, default = profiles.resolve("default", profiles.seed_sets(0), root=ROOT), profiles.defaults()
+    assert zero["base"].pop("seed") == 0 and default["base"].pop("seed") == 3
+    assert zero == default
 
 
 def test_compact_keeps_the_last_value_of_each_key():

@@ -93,7 +93,7 @@ def test_sampled_metrics_hand_computed():
 def tiny():
     texts = [f"Q{a}\nStep 1: {a} + 1 = {a + 1}.\nAnswer: {a + 1}" for a in range(30)]
     tok = train_tokenizer(texts, 200)
-    cfg = BaseModelConfig(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = BaseModelConfig(seed=0, vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
     return build_student(cfg, tok), tok
 

@@ -336,7 +336,7 @@ def test_the_step_policy_samples_whole_paragraphs_on_a_tiny_model(paragraphs):
 
     texts = [f"{a} + {b} = {a + b}\nso {a + b}.\n\n#### {a + b}" for a in range(10) for b in range(10)]
     tok = train_tokenizer(texts, 200)
-    cfg = BaseModelConfig(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = BaseModelConfig(seed=0, vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
     torch.manual_seed(0)
     model = build_student(cfg, tok)
