@@ -1,10 +1,11 @@
 """python bench/sft_step.py [--steps 30]
 
 SFT step time, side by side in one process on the same model, data and batch:
-1. the pipeline's SFT (pipeline.training.trainer_args: TRL SFTTrainer, CPU settings,
-   length-grouped batches);
-2. raw TRL SFTTrainer with the same settings but random batches;
-3. raw TRL SFTTrainer with TRL's own defaults (bf16 autocast, gradient
+1. the pipeline's SFT (pipeline.training.trainer_args and sft_trainer_class: TRL's SFTTrainer with CPU settings and
+   length-grouped batches, and without CUDA its loss through the model's plain LM head);
+2. TRL's own SFTTrainer (its fused LM head) with the same settings and batches;
+3. raw TRL SFTTrainer with the same settings but random batches;
+4. raw TRL SFTTrainer with TRL's own defaults (bf16 autocast, gradient
    checkpointing) and `use_cpu=True`, which TRL demands on a machine without CUDA.
 Needs data/synthesize and models/base (run `make run` first).
 """
@@ -24,16 +25,16 @@ from pipeline import paths
 from pipeline.config import load_section
 from pipeline.io import read_rows
 from pipeline.models import load_model
-from pipeline.training import StepTimer, prompt_completion_dataset, trainer_args
+from pipeline.training import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
 
 
-def median_step(args: TRLSFTConfig, rows: list[dict], warmup: int = 3) -> float:
+def median_step(args: TRLSFTConfig, rows: list[dict], warmup: int = 3, trainer_class=SFTTrainer) -> float:
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)  # each trainer sets its own precision
     model, tokenizer = load_model(paths.model_dir("base"))
     timer = StepTimer()
-    trainer = SFTTrainer(model=model, args=args, train_dataset=prompt_completion_dataset(rows),
+    trainer = trainer_class(model=model, args=args, train_dataset=prompt_completion_dataset(rows),
                          processing_class=tokenizer, callbacks=[timer])
     trainer.train()
     return statistics.median(timer.times[warmup:])
@@ -59,9 +60,10 @@ def main() -> None:
         if torch.cuda.is_available():
             # The first trainer of a process pays CUDA's start-up (context, kernels, allocator): an untimed run first,
             # or the row measured first looks slower (it did on an H200: BENCHMARKS.md).
-            median_step(ours, rows)
+            median_step(ours, rows, trainer_class=sft_trainer_class())
         results = {
-            "pipeline SFT": median_step(ours, rows),
+            "pipeline SFT": median_step(ours, rows, trainer_class=sft_trainer_class()),
+            "TRL's SFTTrainer (its fused LM head), same settings and batches": median_step(ours, rows),
             "raw TRL, same settings, random batches": median_step(raw_same, rows),
             "raw TRL defaults (bf16, gradient checkpointing)": median_step(raw_default, rows),
         }
@@ -69,7 +71,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"batch {cfg.per_device_train_batch_size} on {device}, median seconds per optimizer step:")
     for name, seconds in results.items():
-        print(f"  {name:50s} {seconds:.3f} s  ({seconds / base:.2f}x the pipeline)")
+        print(f"  {name:66s} {seconds:.3f} s  ({seconds / base:.2f}x the pipeline)")
 
 
 if __name__ == "__main__":
