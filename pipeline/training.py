@@ -11,6 +11,7 @@ import torch
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
+from trl import SFTTrainer
 
 from pipeline import chat, checkpoints, sharding
 from pipeline.config import TrainConfig
@@ -136,32 +137,28 @@ def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfi
     return TRLSFTConfig(**args)
 
 
-def sft_trainer_class():
-    """TRL's SFTTrainer, or on a machine without CUDA one whose loss goes through the model's plain LM head.
+class PlainHeadSFTTrainer(SFTTrainer):
+    """TRL's SFTTrainer with its loss through the model's plain LM head, for machines without CUDA.
 
     Why: TRL projects through its fused LM head in tiles (it spares GPU memory on large vocabularies) and computes
     entropy and token accuracy on every step; on a CPU that is about a third of a small model's step
     (BENCHMARKS.md, "SFT step time"). The loss is the same: the model's own next-token cross-entropy on the labels
     TRL's collator built (the completion's tokens), summed over the batch's tokens. TRL's `num_tokens` is kept.
     """
-    from trl import SFTTrainer
 
-    if torch.cuda.is_available():
-        return SFTTrainer
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs["use_cache"] = False  # no KV cache in a training forward
+        out = Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
+                                   num_items_in_batch=num_items_in_batch)
+        if model.training:  # TRL's running count of trained tokens (no packing without CUDA: every batch has a mask)
+            self._total_train_tokens += self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        return out
 
-    class PlainHeadSFTTrainer(SFTTrainer):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            inputs["use_cache"] = False  # no KV cache in a training forward
-            out = Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
-                                       num_items_in_batch=num_items_in_batch)
-            if model.training:  # TRL's running count of trained tokens (padding-free batches carry no mask)
-                mask = inputs.get("attention_mask")
-                local = mask.sum() if mask is not None else torch.tensor(inputs["position_ids"].size(1))
-                self._total_train_tokens += self.accelerator.gather_for_metrics(local).sum().item()
-                self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
-            return out
 
-    return PlainHeadSFTTrainer
+def sft_trainer_class() -> type[SFTTrainer]:
+    """The SFT trainer for this machine: TRL's own with CUDA, else `PlainHeadSFTTrainer`."""
+    return SFTTrainer if torch.cuda.is_available() else PlainHeadSFTTrainer
 
 
 @phase("train")
