@@ -1,0 +1,47 @@
+"""SFT on a CPU goes through the model's plain LM head (training.PlainHeadSFTTrainer) instead of TRL's fused one.
+
+The two must train the same model: the same loss at every step and TRL's running count of trained tokens, which
+the plain head keeps through TRL's own (private) counters; a TRL release that moves them would show here, not as a
+`tokens_per_second` of 0 in sft's metrics.
+"""
+
+from __future__ import annotations
+
+import pytest
+from trl import SFTTrainer
+
+from pipeline.config import BaseModelConfig, TrainConfig
+from pipeline.models import build_student, train_tokenizer
+from pipeline.training import PlainHeadSFTTrainer, prompt_completion_dataset, trainer_args
+
+PROMPT, COMPLETION = "Tom has 3 apples and buys 4 more. How many?\n", "Step 1: 3 + 4 = 7.\nAnswer: 7"
+STEPS, BATCH = 4, 2
+
+
+def run(trainer_class, tmp_path) -> tuple[list[dict], int]:
+    """The logged steps of a 4-step SFT run on identical rows, and the tokens of one row."""
+    tok = train_tokenizer([PROMPT + COMPLETION] * 30, 300)
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=64), tok)
+    # Every row the same, so every batch has the same tokens whatever the order: the count is known by hand
+    rows = [{"prompt": PROMPT, "rationale": COMPLETION}] * 8
+    cfg = TrainConfig(max_steps=STEPS, per_device_train_batch_size=BATCH, logging_steps=1, learning_rate=1e-2)
+    trainer = trainer_class(model=model, args=trainer_args(cfg, tmp_path, eval_strategy="no"), processing_class=tok,
+                            train_dataset=prompt_completion_dataset(rows))
+    trainer.train()
+    example = trainer.train_dataset[0]
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    return logs, len(example["input_ids"])
+
+
+def test_the_plain_head_trains_as_trls_own_and_counts_the_same_tokens(tmp_path):
+    ours, length = run(PlainHeadSFTTrainer, tmp_path / "plain")
+    trls, _ = run(SFTTrainer, tmp_path / "trl")
+    assert len(ours) == len(trls) == STEPS
+    # the loss falls, and equals TRL's at every step (float32 sums in another order: rel. 1e-4)
+    assert ours[-1]["loss"] < ours[0]["loss"]
+    assert [log["loss"] for log in ours] == pytest.approx([log["loss"] for log in trls], rel=1e-4)
+    # the prompt's and the completion's tokens (EOS included), BATCH rows a step, no padding
+    assert [log["num_tokens"] for log in ours] == [BATCH * length * (k + 1) for k in range(STEPS)]
+    assert [log["num_tokens"] for log in ours] == [log["num_tokens"] for log in trls]
