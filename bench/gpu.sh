@@ -2,7 +2,7 @@
 # bash bench/gpu.sh: the GPU checks in one go, on a lent GPU machine (results under $OUT, see BENCHMARKS.md).
 #
 # Installs nothing heavy: the machine's own torch, plus the pure-Python packages its image lacks, carried as
-# wheels in .whl/ (pydantic, trl, datasets, transformers of our version; bench/gpu.sh --fetch-wheels gets them
+# wheels in .whl/ (pydantic, trl, datasets, transformers of our version, DeepSpeed; bench/gpu.sh --fetch-wheels gets them
 # here; they are for the machine's Python, 3.12). The PRM benches read models/ and data/ from `make run` when
 # they are carried; the gpu profile's bench builds its model there. Each part has its own
 # time limit and gets at most what is left of $BUDGET seconds (the limits add up to more: the last parts take
@@ -13,7 +13,10 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
     pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
-    trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.24.0
+    trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 transformers==5.24.0 hjson==3.1.0
+  # DeepSpeed (for tests/gpu/test_fsdp.py's ZeRO-3 half) is on PyPI as source only: built here without its ops
+  # (DS_BUILD_OPS=0; the tests train with torch's AdamW, so nothing is compiled there), by a Python with torch
+  DS_BUILD_OPS=0 "${PYTHON:-.venv/bin/python}" -m pip wheel -q --no-deps --no-build-isolation -w .whl deepspeed==0.19.8
   exit
 fi
 OUT=${OUT:-/tmp/gpu-out}
