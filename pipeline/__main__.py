@@ -89,21 +89,31 @@ def _repro_locked(args: argparse.Namespace) -> int:
         print(f"removed {path}, left by a killed stage", file=sys.stderr)
     _pass_sigterm_on()
     with expected_errors():
-        from pipeline.config import validate_all
+        from pipeline.config import params_path, validate_all
+        from pipeline.io import atomic_write_text
 
+        path = params_path()
+        before = path.read_text() if path.exists() else None
         _write_params(args)
-        validate_all()  # fail on bad params before a server starts
+        try:
+            validate_all()  # fail on bad params before a server starts
+        except Exception:  # params.yaml as it was: a run that fails validation changes nothing
+            if before is None:
+                path.unlink(missing_ok=True)
+            elif path.read_text() != before:
+                atomic_write_text(path, before)
+            raise
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
         os.environ["PREFECT_API_URL"] = api_url
-        from pipeline.orchestrate import GATE_STOPPED, repro_flow
+        from pipeline.orchestrate import GATE_STOPPED, STAGE_FAILED, failure_code, repro_flow
 
         with expected_errors():
             state = repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push,
                                gate=args.gate, record=args.record, return_state=True)
-            if state.is_failed() and (state.message or "").startswith(GATE_STOPPED):
+            if state.is_failed() and (state.message or "").startswith((GATE_STOPPED, STAGE_FAILED)):
                 print(f"error: {state.message}", file=sys.stderr)
-                return 1
+                return failure_code(state.message)
             state.result()  # any other failure raises here, as the flow raised it
     return 0
 
@@ -150,6 +160,22 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _result_columns() -> tuple[tuple[str, str], ...]:
+    """The results table's columns: this run, titled by the profile params.yaml records, then the README's chart
+    snapshots (docs/results/), which only a run of the chart task sits beside."""
+    from pipeline import profiles
+    from pipeline.config import active_section, params_path
+    from pipeline.report import RESULT_COLUMNS
+
+    path = params_path()
+    profile, sets = profiles.header_of(path.read_text()) if path.exists() else (profiles.DEFAULT, [])
+    if profile in (None, profiles.DEFAULT) and not sets:
+        return RESULT_COLUMNS
+    title = f"this run (`{profile or 'params.yaml'}`" + (f", {' '.join(sets)}" if sets else "") + ")"
+    snapshots = RESULT_COLUMNS[1:] if active_section("task").kind == "cof" else ()
+    return ((title, RESULT_COLUMNS[0][1]), *snapshots)
+
+
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
     from pipeline.compare import bootstrap_markdown, compare_models, gate, parse_gate, resolve_rev
@@ -157,7 +183,7 @@ def _report(args: argparse.Namespace) -> int:
                                  results_markdown)
 
     if args.results:  # the README's results table: this run beside the snapshots in docs/results/
-        print(results_markdown())
+        print(results_markdown(columns=_result_columns()))
         return 0
 
     for row in metrics_rows():

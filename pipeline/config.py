@@ -684,16 +684,20 @@ class DatasetConfig(Section):
     name: str | None = Field(None, description="the Hub dataset's config (GSM8K: main)")
     revision: str | None = Field(None, description="the Hub dataset's commit, tag or branch (pin it)")
     splits: dict[str, str] = Field(default_factory=dict, description="our split (train, val, test, ood) -> the "
-                                   "dataset's split or, for a folder, file stem; empty: the names as they are")
+                                   "dataset's split or, for a folder, file stem; empty: by the words in their names "
+                                   "(gsm8k-train.jsonl: train; dev, valid, validation: val; eval: test)")
     prompt_field: str = Field("question", min_length=1, description="the column holding the prompt")
     answer_field: str = Field("answer", min_length=1, description="the column holding the answer")
     rationale_field: str | None = Field(None, description="the column holding a worked solution (null: none)")
     answer_extraction: Literal["field", "gsm8k", "boxed", "regex"] = Field(
         "field", description="how the answer comes out of answer_field: as it is; GSM8K's text after `####` (the "
-        "text before it is the rationale); MATH's last \\boxed{}; the first group of answer_regex")
-    answer_regex: str | None = Field(None, description="answer_extraction regex: its first group is the answer")
-    val_fraction: float = Field(0.05, ge=0, lt=1, description="a missing val split: this share of train, chosen by "
-                                "a hash of the prompt")
+        "text before it is the rationale); MATH's last \\boxed{}; the first group of answer_regex's last match")
+    answer_regex: str | None = Field(None, description="answer_extraction regex: the first group of its last match "
+                                     "is the answer (the whole match without a group)")
+    test_fraction: float = Field(0.1, ge=0, lt=1, description="a missing test split: this share of train, chosen by "
+                                 "a hash of the prompt (a single file is all train)")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="a missing val split: this share of train (after the "
+                                "test cut), chosen by a hash of the prompt")
     max_unextractable: float = Field(0.01, ge=0, le=1, description="share of rows whose answer cannot be extracted "
                                      "(quarantined) above which reading fails")
 
@@ -1033,9 +1037,14 @@ def check_packing(train: TrainConfig, model: ModelLoadConfig, key: str, path: Pa
 def check_task_fit(task: TaskConfig, prm: "PRMConfig", path: Path | str = PARAMS_FILE) -> None:
     """Params of other sections that the task cannot serve, each named (the stage that reads them checks too)."""
     problems = []
+    path_given = task.dataset.path if task.dataset is not None else None
+    if path_given and is_local_dataset(path_given) and not Path(path_given).expanduser().exists():
+        # DVC watches it (task.data_dependency): missing, `dvc repro` would fail on it, after deleting the outputs
+        problems.append(f"task.dataset.path: {path_given}: no such file or folder (a local path: it starts with . / "
+                        "or ~, or ends in .parquet, .jsonl, .json or .csv)")
     if task.kind != "cof" and "gold" in prm.sources:
         problems.append("prm.sources: gold labels need the chart task's gold step values; a dataset task's steps "
-                        "are labelled mc (Monte-Carlo rollouts) and mcts")
+                        "are labelled mc (Monte-Carlo rollouts) and mcts: set prm.sources: [mc, mcts]")
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import re
 import socket
@@ -115,7 +116,6 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
 def _run_rank(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """One rank of a launched stage: `body` as a plain call, its log lines marked with the rank; rank 0 (the one
     that wrote the outputs) then removes the run's checkpoints."""
-    import logging
 
     from pipeline.io import rank, wait_for_ranks
 
@@ -202,6 +202,7 @@ def phase(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             from prefect.utilities.annotations import quote
 
             if not made:
+                _quiet_failed_states()
                 functools.update_wrapper(reasoned, fn)
                 made.append(task(reasoned, name=name, cache_policy=NO_CACHE, persist_result=False, retries=0))
             state = made[0](*map(quote, args), **{k: quote(v) for k, v in kwargs.items()}, return_state=True)
@@ -259,9 +260,22 @@ def log_imports(target: str, stage: str) -> None:
         out.write(json.dumps({"stage": stage, "files": sorted(files)}) + "\n")
 
 
+def _no_empty_traceback(record: logging.LogRecord) -> bool:
+    """Keep the record, without an exc_info that holds no exception (Prefect logs a task's Failed *state* with
+    exc_info=True, which prints a stray `NoneType: None` line under every expected error)."""
+    if record.exc_info and record.exc_info[0] is None:
+        record.exc_info = None
+    return True
+
+
+def _quiet_failed_states() -> None:
+    task_runs = logging.getLogger("prefect.task_runs")
+    if _no_empty_traceback not in task_runs.filters:
+        task_runs.addFilter(_no_empty_traceback)
+
+
 def stage_logger():
     """The flow run's logger inside a flow, a plain logger outside one (unit tests)."""
-    import logging
 
     from prefect.exceptions import MissingContextError
     from prefect.logging import get_run_logger

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,21 +28,69 @@ from pipeline.flows import flatten, publish_markdown, publish_table, stage_logge
 from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
 
 
-def dvc(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def dvc(*args: str, capture: bool = False, tee: bool = False) -> subprocess.CompletedProcess:
     """Run the venv's DVC with the venv's `python` first on PATH (stage cmds say `python -m ...`).
 
-    Interrupted here (SIGTERM through Prefect's handler, Ctrl-C), DVC and the stage it runs are stopped
-    before this returns: killing DVC alone would leave the stage running, orphaned.
+    `capture` keeps both streams; `tee` passes stderr (DVC's and its stages') through as it comes and keeps its
+    last `TEE_TAIL` bytes as the result's `stderr`. Interrupted here (SIGTERM through Prefect's handler, Ctrl-C),
+    DVC and the stage it runs are stopped before this returns: killing DVC alone would leave the stage running,
+    orphaned.
     """
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     pipe = subprocess.PIPE if capture else None
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], env=env, text=True, stdout=pipe, stderr=pipe)
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], env=env, text=not tee, stdout=pipe,
+                            stderr=subprocess.PIPE if capture or tee else None)
     try:
-        out, err = proc.communicate()
+        if tee:
+            tail = _pass_through(proc.stderr, sys.stderr)
+            proc.wait()
+            out, err = None, tail
+        else:
+            out, err = proc.communicate()
     except BaseException:
         stop_tree(proc.pid)
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+TEE_TAIL = 64 * 1024  # bytes of a teed stderr kept: the failed stage's message and DVC's verdict are at its end
+
+
+def _pass_through(source, sink) -> str:
+    """Copy `source` (a binary pipe) to `sink` chunk by chunk until it closes (progress bars' carriage returns
+    pass at once, not a line later); the last `TEE_TAIL` bytes, decoded."""
+    tail = bytearray()
+    while chunk := os.read(source.fileno(), 65536):
+        sink.buffer.write(chunk) if hasattr(sink, "buffer") else sink.write(chunk.decode(errors="replace"))
+        sink.flush()
+        tail = (tail + chunk)[-TEE_TAIL:]
+    return tail.decode(errors="replace")
+
+
+# How DVC 3 ends a run whose stage failed (its last ERROR line), and how a stage states its reason (flows.fail).
+_DVC_STAGE_FAILED = re.compile(r"failed to reproduce '([^']+)': failed to run: .*?, exited with (-?\d+)")
+_STAGE_REASON = re.compile(r"^error: (.+)$", re.MULTILINE)
+# How the repro flow's Failed state begins when a stage failed (then `stage NAME failed (exit N): reason`).
+STAGE_FAILED = "dvc repro stopped: "
+
+
+def stage_failure(stderr: str, returncode: int) -> tuple[str, int]:
+    """(what failed and why, in one line; the exit code for it) from a failed `dvc repro`'s stderr tail: 2 when
+    its stage exited 2 (bad params or input), else 1."""
+    found = _DVC_STAGE_FAILED.findall(stderr)
+    if not found:
+        return f"dvc repro failed with exit code {returncode} (its message is above)", 1
+    name, code = found[-1][0], int(found[-1][1])
+    # its own lines: from DVC's "Running stage" to its verdict (an earlier stage's reason is not this one's)
+    start = max(stderr.rfind(f"Running stage '{name}'"), 0)
+    reasons = _STAGE_REASON.findall(stderr[start: stderr.rfind(f"failed to reproduce '{name}'")])
+    reason = reasons[-1].strip() if reasons else "its log is above"
+    return f"stage {name} failed (exit {code}): {reason}", 2 if code == 2 else 1
+
+
+def failure_code(message: str) -> int:
+    """The exit code a Failed repro flow's message stands for (`stage_failure`)."""
+    return 2 if re.match(re.escape(STAGE_FAILED) + r"stage \S+ failed \(exit 2\)", message) else 1
 
 
 def metrics_rows(root: Path = paths.METRICS) -> list[dict]:
@@ -108,13 +157,15 @@ def dvc_transfer(command: str) -> None:
 
 
 @task(persist_result=False, cache_policy=NO_CACHE)
-def reproduce(targets: list[str] | None, force: bool) -> float:
-    """`dvc repro`: what is stale runs, each stage as its own flow. Not retried: a failure is a finding."""
+def reproduce(targets: list[str] | None, force: bool) -> tuple[float, str | None]:
+    """`dvc repro`: what is stale runs, each stage as its own flow. Not retried: a failure is a finding.
+
+    (seconds, None), or (seconds, what failed): a failed stage is a reason the flow states (`stage_failure`), not
+    a crash of this task (no traceback: the stage's own message is the news)."""
     start = time.perf_counter()
-    proc = dvc("repro", *(["--force"] if force else []), *(targets or []))
-    if proc.returncode != 0:
-        raise RuntimeError(f"dvc repro failed with exit code {proc.returncode}")
-    return time.perf_counter() - start
+    proc = dvc("repro", *(["--force"] if force else []), *(targets or []), tee=True)
+    failed = stage_failure(proc.stderr, proc.returncode)[0] if proc.returncode != 0 else None
+    return time.perf_counter() - start, failed
 
 
 @task(persist_result=False, cache_policy=NO_CACHE)
@@ -185,7 +236,10 @@ def _one_version(targets: list[str] | None, force: bool, pull: bool, push: bool,
     validate_all()  # every section, before DVC starts anything
     if pull:
         dvc_transfer("pull")
-    seconds = reproduce(targets, force)
+    seconds, failed = reproduce(targets, force)
+    if failed:
+        log.error("%s%s", STAGE_FAILED, failed)
+        return Failed(message=STAGE_FAILED + failed)
     log.info("dvc repro finished in %.1f s", seconds)
     failures = compare_with_previous(list(gate or []))
     if failures:

@@ -5,18 +5,21 @@
     splits["train"][0]  # {"id", "prompt", "answer", "answer_type", "rationale", "steps", "split"}
 
 The source is a local file (parquet, JSONL, CSV: every row is `train`), a local folder of such files
-(one split per file stem: ``train.jsonl``, ``test.parquet``; ``train-00000-of-00002.parquet`` is
-``train`` too), or a Hugging Face dataset id read through `datasets.load_dataset` (offline with
-``HF_HUB_OFFLINE=1``: then only the local cache). `DatasetConfig.splits` renames the source's splits
-to ours. Each row becomes the minimal example contract: `id` (a hash of the split and prompt),
-`prompt`, `answer`, `answer_type` (`pipeline.grading.infer_answer_type`), `rationale` ("" when
-unknown) and `steps` (the rationale's paragraphs or lines).
+(one split per file stem: ``train.jsonl``, ``test.parquet``; the shards ``train-00000-of-00002.parquet``
+and ``train-00001-of-00002.parquet`` are one split, ``train``), or a Hugging Face dataset id read
+through `datasets.load_dataset` (offline with ``HF_HUB_OFFLINE=1``: then only the local cache).
+`DatasetConfig.splits` maps our splits to the source's names (a folder's: its file stems); without
+it a source split is ours by the words in its name, as Hugging Face's data files read them
+(``gsm8k-train``: train; ``dev``, ``valid``, ``validation``: val; ``eval``: test; `SPLIT_WORDS`).
+Each row becomes the minimal example contract: `id` (a hash of the split and prompt), `prompt`,
+`answer`, `answer_type` (`pipeline.grading.infer_answer_type`), `rationale` ("" when unknown) and
+`steps` (the rationale's paragraphs or lines).
 
-Splits: a missing `val` is cut from `train` by a hash of the prompt (`val_fraction`), so the cut
-does not move when rows are added; a prompt lands in one split only, the first of test, ood, val,
-train that holds it, and once within it. A row whose answer cannot be extracted goes to the
-quarantine list with its source split, row number and reason; more than `max_unextractable` of them
-fails the read.
+Splits: a missing `test` (`test_fraction`), then a missing `val` (`val_fraction`) are cut from `train`
+by hashes of the prompt, so a cut does not move when rows are added; a prompt lands in one split
+only, the first of test, ood, val, train that holds it, and once within it. A row whose answer cannot
+be extracted goes to the quarantine list with its source split, row number and reason; more than
+`max_unextractable` of them fails the read.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.answers import gsm8k_answer, last_boxed
@@ -36,6 +40,11 @@ SPLITS = ("train", "val", "test", "ood")
 # Where a prompt found in several splits stays: evaluation splits win, so nothing tested is trained on.
 SPLIT_PRIORITY = ("test", "ood", "val", "train")
 FILE_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+# The words that make a source split ours when task.dataset.splits maps none (Hugging Face's data-file keywords)
+SPLIT_WORDS = {"train": "train", "training": "train", "validation": "val", "valid": "val", "val": "val",
+               "dev": "val", "test": "test", "testing": "test", "eval": "test", "evaluation": "test", "ood": "ood"}
+_SHARD = re.compile(r"-\d{5}-of-\d{5}$")  # train-00000-of-00002: a shard of `train`
+TEST_SALT = "test_split:"  # the test cut's draw, independent of the val cut's
 _GSM8K_CALC = re.compile(r"<<[^<>]*>>")
 
 
@@ -99,8 +108,6 @@ def load_source(cfg: DatasetConfig) -> dict[str, list[dict]]:
 
 
 def _load_local(path: Path) -> dict[str, list[dict]]:
-    import datasets
-
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix in FILE_SUFFIXES)
     if not files:
         raise InputError(f"task.dataset.path: {path}: no {', '.join(FILE_SUFFIXES)} file in it")
@@ -108,16 +115,64 @@ def _load_local(path: Path) -> dict[str, list[dict]]:
     for file in files:
         if file.suffix not in FILE_SUFFIXES:
             raise InputError(f"task.dataset.path: {file}: not one of {', '.join(FILE_SUFFIXES)}")
-        split = "train" if path.is_file() else file.stem.split("-")[0]
+        split = "train" if path.is_file() else _SHARD.sub("", file.stem)
         by_split.setdefault(split, []).append(file)
     kinds = {FILE_SUFFIXES[f.suffix] for f in files}
     if len(kinds) > 1:
         raise InputError(f"task.dataset.path: {path}: mixes file kinds ({', '.join(sorted(kinds))}); use one")
+    kind = kinds.pop()
+    # One split at a time, so that an error names its file (a shard's error names its split's first file)
+    return {split: _read_files(kind, fs) for split, fs in by_split.items()}
+
+
+def _read_files(kind: str, files: list[Path]) -> list[dict]:
+    """The rows of one split's files, read through `datasets` (an error names the file and its cause)."""
+    import datasets
+
+    for file in files:
+        if file.stat().st_size == 0:
+            raise InputError(f"task.dataset.path: {file}: empty file")
     try:
-        loaded = datasets.load_dataset(kinds.pop(), data_files={s: [str(f) for f in fs] for s, fs in by_split.items()})
-    except Exception as exc:  # a malformed file: name it
-        raise InputError(f"task.dataset.path: {path}: cannot be read ({type(exc).__name__}: {exc})") from None
-    return {split: [dict(row) for row in rows] for split, rows in loaded.items()}
+        loaded = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
+        return [dict(row) for row in loaded]  # decoding errors surface here too, as the rows are read out
+    except Exception as exc:  # a malformed file: name it and its first bad line, else the cause `datasets` wrapped
+        for file in files:
+            if bad := _first_bad_line(file):
+                raise InputError(f"task.dataset.path: {file}: cannot be read ({bad})") from None
+        name = files[0] if len(files) == 1 else f"{files[0]} (or another of its {len(files)} shards)"
+        raise InputError(f"task.dataset.path: {name}: cannot be read ({_root_cause(exc)})") from None
+
+
+def _first_bad_line(file: Path) -> str | None:
+    """'line N: what is wrong' for the first line of a JSONL or CSV file that is not UTF-8 (or, in JSONL, not one
+    JSON object); None when every line reads."""
+    import json
+
+    if file.suffix not in (".jsonl", ".csv"):
+        return None
+    with open(file, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"line {number}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
+            if file.suffix == ".jsonl" and line.strip():
+                try:
+                    if not isinstance(json.loads(line), dict):
+                        return f"line {number}: not a JSON object"
+                except json.JSONDecodeError as exc:
+                    return f"line {number}: not JSON ({exc.msg}, column {exc.colno})"
+    return None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost exception's type and text: `datasets` wraps a parse error in its own generic one."""
+    while (inner := exc.__cause__ or exc.__context__) is not None and inner is not exc:
+        exc = inner
+    text = str(exc).strip()
+    if isinstance(exc, ValueError) and "corresponds to no data" in text:
+        return "no rows"
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def _load_hub(cfg: DatasetConfig) -> dict[str, list[dict]]:
@@ -145,23 +200,36 @@ def _check_fields(source: dict[str, list[dict]], cfg: DatasetConfig) -> None:
                                  f"its fields: {', '.join(columns)}")
 
 
-def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph") -> tuple[dict[str, list[dict]], list[dict]]:
-    """(our splits -> example rows, quarantined rows) from the dataset `cfg` names."""
+def our_split(name: str) -> str | None:
+    """Our split for a source split's name, by the first of `SPLIT_WORDS` among its words; None when none is."""
+    return next((SPLIT_WORDS[w] for w in re.split(r"[^a-z0-9]+", name.lower()) if w in SPLIT_WORDS), None)
+
+
+def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph", log: Callable[[str], None] | None = None
+                      ) -> tuple[dict[str, list[dict]], list[dict]]:
+    """(our splits -> example rows, quarantined rows) from the dataset `cfg` names; `log` hears what was left
+    unread, cut or dropped."""
+    log = log or (lambda message: None)
     source = load_source(cfg)
     _check_fields(source, cfg)
-    renamed = dict(cfg.splits)
-    for ours, theirs in renamed.items():
+    for ours, theirs in cfg.splits.items():
         if ours not in SPLITS:
             raise InputError(f"task.dataset.splits: {ours}: not one of our splits ({', '.join(SPLITS)})")
         if theirs not in source:
             raise InputError(f"task.dataset.splits.{ours}: {theirs!r} is not a split of {cfg.path}; "
                              f"its splits: {', '.join(source)}")
-    chosen = renamed or {s: s for s in source if s in SPLITS or s == "validation"}
+    # (ours, theirs) pairs: several source splits may feed one of ours (train-a.jsonl, train-b.jsonl)
+    chosen = ([(ours, theirs) for ours, theirs in cfg.splits.items()] if cfg.splits
+              else [(our_split(s), s) for s in source if our_split(s) is not None])
+    if not chosen:
+        raise InputError(f"task.dataset.path: {cfg.path}: none of its splits ({', '.join(source)}) is named train, "
+                         "val or test; map them with task.dataset.splits (e.g. {train: <name>, test: <name>})")
+    if unread := [s for s in source if s not in {theirs for _, theirs in chosen}]:
+        log(f"task.dataset: not read: {', '.join(unread)} (no split of ours; map them with task.dataset.splits)")
     rows_by_split: dict[str, list[dict]] = {}
     quarantine: list[dict] = []
     total = 0
-    for ours, theirs in chosen.items():
-        ours = "val" if ours == "validation" else ours
+    for ours, theirs in chosen:
         for index, raw in enumerate(source[theirs]):
             total += 1
             prompt = str(raw.get(cfg.prompt_field) or "").strip()
@@ -175,20 +243,24 @@ def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph") -> tupl
                 continue
             rows_by_split.setdefault(ours, []).append(_example(prompt, answer, rationale, step_split))
     if not total:
-        raise InputError(f"task.dataset.path: {cfg.path}: no rows in the splits read ({', '.join(chosen.values())})")
+        raise InputError(f"task.dataset.path: {cfg.path}: no rows in the splits read "
+                         f"({', '.join(theirs for _, theirs in chosen)})")
     if len(quarantine) > cfg.max_unextractable * total:
-        first = quarantine[0]
-        raise InputError(f"{cfg.path}: {len(quarantine)} of {total} rows have no answer (more than "
-                         f"task.dataset.max_unextractable = {cfg.max_unextractable}); first: split {first['split']}, "
-                         f"row {first['row']}: {first['reason']}")
+        listed = "; ".join(f"split {q['split']}, row {q['row']}: {q['reason']}" for q in quarantine[:5])
+        raise InputError(f"{cfg.path}: {len(quarantine)} of {total} rows have no answer (more than a share of "
+                         f"task.dataset.max_unextractable = {cfg.max_unextractable}); the first "
+                         f"{min(5, len(quarantine))} (rows count from 0): {listed}")
     if "train" not in rows_by_split:
         raise InputError(f"{cfg.path}: no train split (its splits: {', '.join(source)}; map one with "
                          "task.dataset.splits)")
-    if "val" not in rows_by_split:
-        train = rows_by_split["train"]
-        rows_by_split["val"] = [r for r in train if in_share(r["prompt"], cfg.val_fraction)]
-        rows_by_split["train"] = [r for r in train if not in_share(r["prompt"], cfg.val_fraction)]
-    return _deduplicate(rows_by_split), quarantine
+    for split, fraction, salt in (("test", cfg.test_fraction, TEST_SALT), ("val", cfg.val_fraction, "")):
+        if split not in rows_by_split:
+            train = rows_by_split["train"]
+            rows_by_split[split] = [r for r in train if in_share(r["prompt"], fraction, salt)]
+            rows_by_split["train"] = [r for r in train if not in_share(r["prompt"], fraction, salt)]
+            log(f"task.dataset: no {split} split: {len(rows_by_split[split])} of train's {len(train)} rows cut by "
+                f"task.dataset.{split}_fraction = {fraction}")
+    return _deduplicate(rows_by_split, log), quarantine
 
 
 def _example(prompt: str, answer: str, rationale: str, step_split: str) -> dict:
@@ -198,7 +270,7 @@ def _example(prompt: str, answer: str, rationale: str, step_split: str) -> dict:
             "rationale": rationale, "steps": steps}
 
 
-def _deduplicate(rows_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
+def _deduplicate(rows_by_split: dict[str, list[dict]], log: Callable[[str], None]) -> dict[str, list[dict]]:
     seen: set[str] = set()
     out: dict[str, list[dict]] = {}
     for split in SPLIT_PRIORITY:
@@ -210,4 +282,7 @@ def _deduplicate(rows_by_split: dict[str, list[dict]]) -> dict[str, list[dict]]:
                 kept.append({"id": _row_id(split, row["prompt"]), "split": split, **row})
         if split in rows_by_split:
             out[split] = kept
+            if dropped := len(rows_by_split[split]) - len(kept):
+                log(f"task.dataset: {dropped} {split} rows dropped: their prompt is in {split} already or in a split "
+                    "evaluated before it (test, ood, val, train)")
     return {split: out[split] for split in SPLITS if split in out}

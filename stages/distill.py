@@ -37,6 +37,11 @@ def run(cfg: DistillConfig, sampler, train_rows: list[dict], eval_rows: list[dic
     """(tables by file name, metrics)."""
     index = eval_ngrams(eval_rows, cfg.ngram)
     clean = [r for r in train_rows if not contaminated(r["question"], index, cfg.ngram)]
+    if len(clean) < len(train_rows) / 2:  # templated questions share long phrases with the held-out ones
+        stage_logger().warning(
+            "distill: %d of %d training questions share a %d-word n-gram with val, test or ood and are left out "
+            "(decontamination); on templated questions raise distill.ngram", len(train_rows) - len(clean),
+            len(train_rows), cfg.ngram)
     questions = clean[: cfg.max_questions]
     start = time.perf_counter()
     samples = sampler.sample(

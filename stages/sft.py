@@ -51,7 +51,8 @@ def training_rows(source: str, share: float = 1.0) -> tuple[list[dict], list[Pat
             for row in (gold_rows(share) if f == paths.split_file("train")
                         else read_rows(f, required=("prompt", "rationale")))]
     if not rows:
-        raise InputError(f"{', '.join(map(str, files))}: no training rows for sft.source={source}")
+        thinned = f" and sft.rationale_share={share} (a share of the gold rows: raise it)" if share < 1 else ""
+        raise InputError(f"{', '.join(map(str, files))}: no training rows for sft.source={source}{thinned}")
     return rows, files
 
 

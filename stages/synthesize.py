@@ -64,10 +64,11 @@ def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
     )
 
 
-def dataset_rows(task_cfg: TaskConfig) -> tuple[dict[str, list[dict]], list[dict]]:
-    """(split -> rows in the example contract, quarantined rows) of the task's dataset."""
+def dataset_rows(task_cfg: TaskConfig, log=None) -> tuple[dict[str, list[dict]], list[dict]]:
+    """(split -> rows in the example contract, quarantined rows) of the task's dataset; `log` hears what the
+    reader left unread, cut or dropped."""
     task = Task.from_config(task_cfg)
-    splits, quarantine = read_task_dataset(task_cfg.dataset, task_cfg.step_split)
+    splits, quarantine = read_task_dataset(task_cfg.dataset, task_cfg.step_split, log=log)
     out = {}
     for split in SPLITS:
         out[split] = [
@@ -81,12 +82,11 @@ def dataset_rows(task_cfg: TaskConfig) -> tuple[dict[str, list[dict]], list[dict
 def from_dataset(task_cfg: TaskConfig) -> None:
     log = stage_logger()
     start = time.perf_counter()
-    rows_by_split, quarantine = dataset_rows(task_cfg)
+    rows_by_split, quarantine = dataset_rows(task_cfg, log=log.info)
     seconds = time.perf_counter() - start
     counts = {split: len(rows) for split, rows in rows_by_split.items()}
-    hints = {"val": "raise task.dataset.val_fraction, or map a split with task.dataset.splits",
-             "test": "a folder needs a test file (test.jsonl, ...), a Hub dataset a test split; or map one with "
-                     "task.dataset.splits"}
+    hints = {split: f"raise task.dataset.{split}_fraction, or map a split with task.dataset.splits"
+             for split in ("val", "test")}
     for split, hint in hints.items():
         if not counts[split]:
             raise InputError(f"task.dataset.path: {task_cfg.dataset.path}: no {split} questions ({hint})")

@@ -155,3 +155,20 @@ def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_ap
     labels = read_rows(repo / "data/prm_data/train.parquet") + read_rows(repo / "data/prm_data/val.parquet")
     searched = [r for r in labels if r["source"] == "mcts"]
     assert searched and all(step == " ".join(step.split()) for r in searched for step in r["steps"])
+
+
+def test_a_bad_dataset_file_stops_the_run_with_exit_2_naming_its_line(tmp_path, prefect_api):
+    """The data stage refuses a JSONL file with a cut-off line: `python -m pipeline repro` passes the stage's exit
+    code 2 and its reason on as its own last line, without a traceback (DVC's own report stays above it)."""
+    write_jsonl(tmp_path / "data" / "train.jsonl", generate(40, TRAIN_FRAMES, 0))
+    bad = tmp_path / "data" / "test.jsonl"
+    bad.write_text(json.dumps(generate(1, TEST_FRAMES, 1)[0]) + '\n{"question": "Two apples', encoding="utf-8")
+    repo = make_repo(tmp_path, "repo", [
+        "task.kind=dataset", f"task.dataset={{path: {tmp_path / 'data'}, answer_extraction: gsm8k}}",
+        "task.answer_format=gsm8k", "prm.sources=[mc, mcts]"])
+    proc = sh([sys.executable, "-m", "pipeline", "repro", "synthesize"], repo, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: dvc repro stopped: stage synthesize failed (exit 2): task.dataset.path: {bad}: "
+                           "cannot be read (line 2: not JSON"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (repo / "data" / "synthesize").exists()

@@ -199,6 +199,34 @@ def test_unknown_profile_exits_2_before_any_work_and_changes_nothing(project):
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml", "profiles"]  # no server, no outputs
 
 
+def test_params_that_fail_validation_exit_2_and_leave_params_yaml_as_it_was(project):
+    """Each section parses (the -S is a known key), but together they do not fit: validation refuses them after
+    the rewrite, which is undone."""
+    before = (project / "params.yaml").read_text()
+    proc = cli("repro", "-S", "task.kind=dataset", "-S", "task.dataset={path: openai/gsm8k}", cwd=project)
+    assert proc.returncode == 2, proc.stderr
+    assert "prm.sources: gold labels need the chart task's gold step values" in proc.stderr
+    assert "set prm.sources: [mc, mcts]" in proc.stderr and "Traceback" not in proc.stderr
+    assert (project / "params.yaml").read_text() == before
+    assert not {"data", "models", "metrics"} & {p.name for p in project.iterdir()}  # (.dvc/: the run lock)
+
+
+def test_the_results_table_titles_this_run_by_its_profile(project):
+    """The README's table (`report --results`) calls a run the quick default only when it is one; a dataset task's
+    run stands alone, not beside the chart snapshots."""
+    def header() -> str:
+        proc = cli("report", "--results", cwd=project)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()[0]
+
+    assert header() == "| test accuracy unless named | quick default | quick default, `--seed 1` | `research` profile |"
+    assert cli("params", "--write", "--profile", "tiny", "-S", "sft.seed=2", cwd=project).returncode == 0
+    assert header() == ("| test accuracy unless named | this run (`tiny`, sft.seed=2) | quick default, `--seed 1` | "
+                        "`research` profile |")
+    assert cli("params", "--write", "--profile", "gsm8k", cwd=project).returncode == 0
+    assert header() == "| test accuracy unless named | this run (`gsm8k`) |"
+
+
 def test_params_command_prints_writes_and_composes(project):
     proc = cli("params", "--profile", "research", "-S", "sft.seed=7", cwd=project)
     assert proc.returncode == 0, proc.stderr

@@ -113,3 +113,20 @@ def test_the_task_must_fit_the_prm_params():
     # paragraph steps serve every search: MCTS labels and PRM beam search and MCTS step one paragraph at a time
     check_task_fit(dataset.model_copy(update={"step_split": "paragraph"}), prm=PRMConfig(sources=["mc", "mcts"]))
     check_task_fit(TaskConfig(), PRMConfig())  # the chart task: all of it
+
+
+def test_a_local_dataset_that_is_not_there_fails_validation(tmp_path):
+    """DVC watches a local dataset (task.data_dependency): missing, `dvc repro` would fail on it after deleting
+    the data stage's outputs, so validation names it first. A Hub id is not a path, and a present one passes."""
+    from pipeline.config import PRMConfig, check_task_fit, data_dependency_for
+
+    def task(path: str) -> TaskConfig:
+        return TaskConfig(kind="dataset", dataset={"path": path}, data_dependency=data_dependency_for(path))
+
+    mc = PRMConfig(sources=["mc", "mcts"])
+    for path in (str(tmp_path / "absent"), "./absent", "absent.jsonl"):
+        with pytest.raises(ConfigError, match=rf"task.dataset.path: {path}: no such file or folder"):
+            check_task_fit(task(path), prm=mc)
+    (tmp_path / "there.jsonl").write_text("")
+    check_task_fit(task(str(tmp_path / "there.jsonl")), prm=mc)
+    check_task_fit(task("openai/gsm8k"), prm=mc)

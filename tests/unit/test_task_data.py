@@ -60,11 +60,12 @@ def test_steps_are_paragraphs_or_lines():
     assert split_steps(text, "line") == ["First we add.", "Then carry.", "Finally divide."]
 
 
-def test_a_gsm8k_file_becomes_train_and_val_with_a_quarantine(tmp_path):
+def test_a_gsm8k_file_becomes_train_val_and_test_with_a_quarantine(tmp_path):
     path = write_jsonl(tmp_path / "gsm.jsonl", GSM8K_ROWS)
-    cfg = DatasetConfig(path=str(path), answer_extraction="gsm8k", val_fraction=0.0, max_unextractable=0.5)
+    cfg = DatasetConfig(path=str(path), answer_extraction="gsm8k", test_fraction=0.0, val_fraction=0.0,
+                        max_unextractable=0.5)
     splits, quarantine = read_task_dataset(cfg, step_split="line")
-    assert list(splits) == ["train", "val"] and splits["val"] == []
+    assert list(splits) == ["train", "val", "test"] and splits["val"] == splits["test"] == []
     first = splits["train"][0]
     assert first["answer"] == "12" and first["answer_type"] == "number" and first["split"] == "train"
     assert first["steps"] == ["3 bags * 4 = 12 apples."]  # the calculator annotation dropped
@@ -72,10 +73,68 @@ def test_a_gsm8k_file_becomes_train_and_val_with_a_quarantine(tmp_path):
     assert quarantine == [{"split": "train", "row": 2, "reason": "no answer by gsm8k", "value": "no final mark"}]
 
 
-def test_too_many_unextractable_answers_fail_naming_the_row(tmp_path):
-    path = write_jsonl(tmp_path / "gsm.jsonl", GSM8K_ROWS)
-    with pytest.raises(InputError, match=r"1 of 3 rows have no answer.*row 2"):
+def test_too_many_unextractable_answers_fail_naming_the_rows(tmp_path):
+    path = write_jsonl(tmp_path / "gsm.jsonl", GSM8K_ROWS + [{"question": f"q{i}", "answer": "?"} for i in range(6)])
+    with pytest.raises(InputError, match=r"7 of 9 rows have no answer.*the first 5 \(rows count from 0\): split "
+                                         r"train, row 2: no answer by gsm8k; split train, row 3: .*row 6: [^;]*$"):
         read_task_dataset(DatasetConfig(path=str(path), answer_extraction="gsm8k", max_unextractable=0.1))
+
+
+def test_a_single_file_gets_test_and_val_cut_by_independent_hashes_of_the_prompt(tmp_path):
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(1000)]
+    path = write_jsonl(tmp_path / "all.jsonl", rows)
+    heard = []
+    splits, _ = read_task_dataset(DatasetConfig(path=str(path), test_fraction=0.2, val_fraction=0.1), log=heard.append)
+    sizes = {split: len(rows) for split, rows in splits.items()}
+    assert sum(sizes.values()) == 1000 and 160 <= sizes["test"] <= 240 and 55 <= sizes["val"] <= 105
+    prompts = {split: {r["prompt"] for r in rows} for split, rows in splits.items()}
+    assert not prompts["test"] & (prompts["train"] | prompts["val"])
+    assert heard == [f"task.dataset: no test split: {sizes['test']} of train's 1000 rows cut by "
+                     "task.dataset.test_fraction = 0.2",
+                     f"task.dataset: no val split: {sizes['val']} of train's {1000 - sizes['test']} rows cut by "
+                     "task.dataset.val_fraction = 0.1"]
+    # the val cut is the one it would be without a test cut, less the test rows: the draws are independent
+    no_test, _ = read_task_dataset(DatasetConfig(path=str(path), test_fraction=0.0, val_fraction=0.1))
+    assert prompts["val"] == {r["prompt"] for r in no_test["val"]} - prompts["test"]
+
+
+def test_files_are_splits_by_the_words_in_their_names(tmp_path):
+    write_jsonl(tmp_path / "gsm8k-train.jsonl", [{"question": "a", "answer": "1"}, {"question": "b", "answer": "2"}])
+    write_jsonl(tmp_path / "train-00000-of-00002.jsonl", [{"question": "c", "answer": "3"}])
+    write_jsonl(tmp_path / "train-00001-of-00002.jsonl", [{"question": "d", "answer": "4"}])
+    write_jsonl(tmp_path / "dev.jsonl", [{"question": "e", "answer": "5"}, {"question": "a", "answer": "1"}])
+    write_jsonl(tmp_path / "gsm8k-eval.jsonl", [{"question": "f", "answer": "6"}])
+    write_jsonl(tmp_path / "notes.jsonl", [{"question": "g", "answer": "7"}])
+    heard = []
+    splits, _ = read_task_dataset(DatasetConfig(path=str(tmp_path)), log=heard.append)
+    prompts = {split: [r["prompt"] for r in rows] for split, rows in splits.items()}
+    # "a" is in val (dev) and train: it stays in val only, and the log counts what it dropped
+    assert prompts == {"train": ["c", "d", "b"], "val": ["e", "a"], "test": ["f"]} or \
+        prompts == {"train": ["b", "c", "d"], "val": ["e", "a"], "test": ["f"]}
+    assert "task.dataset: not read: notes (no split of ours; map them with task.dataset.splits)" in heard
+    assert "task.dataset: 1 train rows dropped: their prompt is in train already or in a split evaluated before " \
+        "it (test, ood, val, train)" in heard
+    # a file stem maps as it is (the shards are one split, named without their shard numbers)
+    mapped, _ = read_task_dataset(DatasetConfig(path=str(tmp_path), splits={"train": "train", "test": "notes"}))
+    assert [r["prompt"] for r in mapped["train"]] == ["c", "d"] and [r["prompt"] for r in mapped["test"]] == ["g"]
+    with pytest.raises(InputError, match=r"none of its splits \(main\) is named train, val or test; map them"):
+        (tmp_path / "only").mkdir()
+        write_jsonl(tmp_path / "only" / "main.jsonl", [{"question": "a", "answer": "1"}])
+        read_task_dataset(DatasetConfig(path=str(tmp_path / "only")))
+
+
+@pytest.mark.parametrize("name, content, cause", [
+    ("train.jsonl", b"", "empty file"),
+    ("train.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "caf\xe9", "answer": "1"}\n',
+     r"line 2: not UTF-8 \(byte 0xe9 at column 18\)"),
+    ("train.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b", "ans', "line 2: not JSON"),
+    ("train.csv", b"question,answer\ncaf\xe9,1\n", "line 2: not UTF-8"),
+    ("train.csv", b"question,answer\n", "no rows"),
+])
+def test_an_unreadable_file_is_named_with_its_cause(tmp_path, name, content, cause):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(InputError, match=rf"task.dataset.path: {tmp_path / name}: .*{cause}"):
+        read_task_dataset(DatasetConfig(path=str(tmp_path)))
 
 
 def test_a_folder_gives_its_splits_deduplicated_with_a_stable_val_cut(tmp_path):
@@ -114,7 +173,7 @@ def test_csv_and_parquet_read_alike(tmp_path):
     (tmp_path / "d.csv").write_text("question,answer\nwhat,4\n")
     pq.write_table(pa.table({"question": ["what"], "answer": ["4"]}), tmp_path / "d.parquet")
     for name in ("d.csv", "d.parquet"):
-        splits, _ = read_task_dataset(DatasetConfig(path=str(tmp_path / name), val_fraction=0.0))
+        splits, _ = read_task_dataset(DatasetConfig(path=str(tmp_path / name), test_fraction=0.0, val_fraction=0.0))
         assert [(r["prompt"], r["answer"]) for r in splits["train"]] == [("what", "4")]
 
 
