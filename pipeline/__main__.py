@@ -51,12 +51,18 @@ def _repro(args: argparse.Namespace) -> int:
     with expected_errors():
         from pipeline.compare import parse_gate
         from pipeline.config import ConfigError
+        from pipeline.versions import missing_remote, uncommitted_files
 
         for spec in args.gate:
             try:
                 parse_gate(spec)
             except ValueError as exc:
                 raise ConfigError(f"--gate {exc}") from None
+        if args.record and (dirty := uncommitted_files()):  # the repro flow checks too (scheduled runs)
+            raise ConfigError(f"--record: uncommitted changes in {', '.join(dirty[:8])}: a recorded dvc.lock would "
+                              "name them while no commit holds them; commit or stash them first")
+        if (args.pull or args.push) and (problem := missing_remote()):
+            raise ConfigError(f"--pull/--push: {problem}")
         timeout = _lock_timeout(args)
     try:
         with runlock.hold(timeout):  # before params.yaml is rewritten: a running pipeline reads it
@@ -106,12 +112,12 @@ def _repro_locked(args: argparse.Namespace) -> int:
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
         os.environ["PREFECT_API_URL"] = api_url
-        from pipeline.orchestrate import GATE_STOPPED, STAGE_FAILED, failure_code, repro_flow
+        from pipeline.orchestrate import GATE_STOPPED, NO_REMOTE, NOT_RECORDABLE, STAGE_FAILED, failure_code, repro_flow
 
         with expected_errors():
             state = repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push,
                                gate=args.gate, record=args.record, return_state=True)
-            if state.is_failed() and (state.message or "").startswith((GATE_STOPPED, STAGE_FAILED)):
+            if state.is_failed() and (state.message or "").startswith((GATE_STOPPED, STAGE_FAILED, NOT_RECORDABLE, NO_REMOTE)):
                 print(f"error: {state.message}", file=sys.stderr)
                 return failure_code(state.message)
             state.result()  # any other failure raises here, as the flow raised it
@@ -176,6 +182,13 @@ def _result_columns() -> tuple[tuple[str, str], ...]:
     return ((title, RESULT_COLUMNS[0][1]), *snapshots)
 
 
+def _is_commit(rev: str) -> bool:
+    import subprocess
+
+    return subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], capture_output=True,
+                          check=False).returncode == 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
     from pipeline.compare import bootstrap_markdown, compare_models, gate, parse_gate, resolve_rev
@@ -183,8 +196,27 @@ def _report(args: argparse.Namespace) -> int:
                                  results_markdown)
 
     if args.results:  # the README's results table: this run beside the snapshots in docs/results/
+        if args.rev or args.fail_on_regression:
+            print("error: --results shows this run beside docs/results/; it takes no --rev or --fail-on-regression",
+                  file=sys.stderr)
+            return 2
         print(results_markdown(columns=_result_columns()))
         return 0
+    # the arguments first, before any table is printed
+    revs = args.rev or ["HEAD"]
+    if len(revs) > 2:
+        print(f"error: --rev: at most two revisions (got {len(revs)})", file=sys.stderr)
+        return 2
+    try:
+        gates = [parse_gate(spec) for spec in args.fail_on_regression]
+    except ValueError as exc:
+        print(f"error: --fail-on-regression {exc}", file=sys.stderr)
+        return 2
+    resolved = [resolve_rev(rev) for rev in revs]  # experiment names too
+    if unknown := [rev for rev, full in zip(revs, resolved) if not _is_commit(full)]:
+        print(f"error: --rev {unknown[0]}: neither a git revision nor a DVC experiment here (`dvc exp show` lists "
+              "the experiments)", file=sys.stderr)
+        return 2
 
     for row in metrics_rows():
         print(f"{row['file']:40s} {row['metric']:40s} {row['value']}")
@@ -196,17 +228,7 @@ def _report(args: argparse.Namespace) -> int:
     print()
     print(generalisation_markdown(evaluations))
     print()
-    revs = args.rev or ["HEAD"]
-    if len(revs) > 2:
-        print(f"error: --rev: at most two revisions (got {len(revs)})", file=sys.stderr)
-        return 2
-    revs = [resolve_rev(rev) for rev in revs]  # experiment names too
-    before, after = revs[0], revs[1] if len(revs) == 2 else None
-    try:
-        gates = [parse_gate(spec) for spec in args.fail_on_regression]
-    except ValueError as exc:
-        print(f"error: --fail-on-regression {exc}", file=sys.stderr)
-        return 2
+    before, after = resolved[0], resolved[1] if len(resolved) == 2 else None
     print(diff_markdown(before, after))
     print()
     results = compare_models(before, ["teacher", *STUDENTS], after)

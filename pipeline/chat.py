@@ -99,13 +99,16 @@ def require_template(tokenizer, source: object = None) -> None:
 
 def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, teacher: TeacherConfig | None = None,
                  path: Path | str = "params.yaml") -> None:
-    """With `format: chat`, every model the params load must carry a chat template (the built ones get one),
-    and an OpenAI-compatible teacher must be called on its chat route, where the server applies it."""
-    if prompt_cfg.format != "chat":
-        return
-    if teacher is not None and teacher.backend == "openai" and teacher.api != "chat":
+    """Every model the params load must load: its config and its tokenizer, with a pad or an EOS token to pad and
+    stop with (said at validation, naming the key, rather than by the first stage that loads it). With `format:
+    chat` each must carry a chat template too (the built ones get one), and an OpenAI-compatible teacher must be
+    called on its chat route, where the server applies it."""
+    chat = prompt_cfg.format == "chat"
+    if chat and teacher is not None and teacher.backend == "openai" and teacher.api != "chat":
         raise ConfigError(f"{path}: teacher.api: prompt.format chat sends conversations; set teacher.api: chat "
                           "(the server applies its model's template)")
+    from transformers import AutoConfig
+
     from pipeline.models import load_tokenizer
 
     loaded = [("base.model", base.model if base is not None else None),
@@ -114,9 +117,17 @@ def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, 
         if not source:
             continue
         try:
+            AutoConfig.from_pretrained(source)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: {key}: {source!r} is not a model folder or a Hub id found here (HF_HUB_OFFLINE=1 "
+                              f"reads the local cache only): {exc}") from None
+        try:
             tokenizer = load_tokenizer(source)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: {key}: cannot load the tokenizer of {source!r}: {exc}") from None
-        if not has_template(tokenizer):
+        if tokenizer.pad_token is None and tokenizer.eos_token is None:
+            raise ConfigError(f"{path}: {key}: the tokenizer of {source!r} has neither a pad nor an EOS token; give it "
+                              "one (tokenizer.eos_token = ..., then save_pretrained)")
+        if chat and not has_template(tokenizer):
             raise ConfigError(f"{path}: {key}: {source!r} has no chat template; prompt.format chat needs one (set "
                               "prompt.format: raw, or give the tokenizer a chat_template)")

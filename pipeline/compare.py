@@ -164,6 +164,10 @@ def parse_gate(spec: str) -> tuple[str, float]:
         value = -1.0
     if not model or not 0 <= value < 1:
         raise ValueError(f"{spec!r}: expected MODEL[:MARGIN], e.g. grpo:0.01 (a margin in [0, 1))")
+    from pipeline.report import STUDENTS
+
+    if model not in ("teacher", *STUDENTS):
+        raise ValueError(f"{spec!r}: {model} is not an evaluated model ({', '.join(('teacher', *STUDENTS))})")
     return model, value
 
 

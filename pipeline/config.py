@@ -126,6 +126,42 @@ class RankDrillConfig(Section):
                           "of the list at random reads about 0.29)")
 
 
+# What `base.model_dependency` and `teacher.model_dependency` hold when no local model folder is loaded: a file both
+# stages already list among their code dependencies, so the DVC dependency always resolves.
+NO_MODEL_DEPENDENCY = "pipeline/models.py"
+# Folders of this pipeline's own outputs: a model there is a stage's output, never a DVC dependency (a cycle)
+PIPELINE_OUTPUTS = ("models", "data")
+
+
+def model_dependency_for(model: str | None) -> str:
+    """The DVC dependency for a model path or id: its local folder (`~` expanded: DVC does not expand it), so that
+    retraining it in place re-runs the stage that loads it; else `NO_MODEL_DEPENDENCY` (a Hub id, nothing loaded,
+    or a folder inside this repository's models/ or data/, a stage's own output)."""
+    if model is None:
+        return NO_MODEL_DEPENDENCY
+    path = Path(model).expanduser()
+    if not (path.exists() or model.startswith((".", "/", "~"))):
+        return NO_MODEL_DEPENDENCY  # a Hugging Face id (owner/name)
+    try:
+        inside = path.resolve().relative_to(Path.cwd().resolve()).parts
+    except ValueError:
+        inside = ()
+    if inside and inside[0] in PIPELINE_OUTPUTS:
+        return NO_MODEL_DEPENDENCY
+    return str(path) if model.startswith("~") else model
+
+
+def derive_model_dependency(section: "BaseModelConfig | TeacherConfig", loaded: str | None) -> None:
+    """Set `model_dependency` from the loaded model when the params leave it out (code, tests); check it when they
+    spell it out (params.yaml, where `python -m pipeline params` writes it)."""
+    want = model_dependency_for(loaded)
+    if "model_dependency" not in section.model_fields_set:
+        section.model_dependency = want
+    elif section.model_dependency != want:
+        raise ValueError(f"model_dependency: must be {want!r} (the local model folder DVC watches, else "
+                         f"{NO_MODEL_DEPENDENCY}); `python -m pipeline params --write` sets it")
+
+
 class BaseModelConfig(Section):
     """`base`: the tokenizer and the student before SFT (built from scratch and drilled, or loaded)."""
 
@@ -133,6 +169,9 @@ class BaseModelConfig(Section):
                       "the default's data, chosen on the drills' own held-out tables; why: study "
                       "`quick-default-under-ten-minutes`)")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
+    model_dependency: str = Field(
+        NO_MODEL_DEPENDENCY, min_length=1, description="the folder DVC watches for `base`: `model` when it is a local "
+        "folder outside models/ and data/ (written by `python -m pipeline params`), else " + NO_MODEL_DEPENDENCY)
     vocab_size: int = Field(1024, ge=64, description="BPE vocabulary size asked of the trained tokenizer, in tokens "
                             "(an upper bound: a small corpus may have fewer merges)")
     digits: Literal["pairs", "spaced", "split"] = Field(
@@ -156,6 +195,7 @@ class BaseModelConfig(Section):
     @model_validator(mode="after")
     def _heads(self) -> "BaseModelConfig":
         check_heads(self)
+        derive_model_dependency(self, self.model)
         return self
 
 
@@ -231,6 +271,10 @@ class TeacherConfig(Section):
         "from `model` (path or Hub id); openai: an OpenAI-compatible endpoint (vLLM, SGLang, a hosted API)",
     )
     model: str | None = Field(None, description="transformers: model path or id; openai: the served model name")
+    model_dependency: str = Field(
+        NO_MODEL_DEPENDENCY, min_length=1, description="the folder DVC watches for `teacher`: transformers' `model` "
+        "when it is a local folder outside models/ and data/ (written by `python -m pipeline params`), else "
+        + NO_MODEL_DEPENDENCY)
     base_url: str | None = Field(None, description="openai: endpoint root, e.g. http://127.0.0.1:8000/v1")
     api: Literal["completions", "chat"] = Field("completions", description="openai: which route to call")
     api_key_env: str = Field(
@@ -260,6 +304,7 @@ class TeacherConfig(Section):
         if self.backend == "openai" and not (self.base_url and self.model):
             raise ValueError("backend openai needs `base_url` and `model`")
         check_heads(self)
+        derive_model_dependency(self, self.model if self.backend == "transformers" else None)
         return self
 
 
@@ -337,6 +382,16 @@ def import_reward(spec: str):
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ValueError(f"{spec!r}: {module_name} has no function {function_name}")
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: TRL's call will tell
+        return function
+    # TRL calls it by keyword with the prompts, the completions, their token ids and every dataset column
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        raise ValueError(f"{spec!r}: {function_name}{inspect.signature(function)} cannot take TRL's reward arguments, "
+                         "passed by keyword; write it as def f(prompts, completions, **columns)")
     return function
 
 
@@ -1016,6 +1071,7 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
                                    path)
     for key, train in (("sft", sections["sft"]), ("teacher.train", sections["teacher"].train)):
         check_packing(train, sections["model"], key, path)
+    check_attention(sections["model"], path)
     from pipeline import launch  # this machine's GPUs or cores against each training stage's processes
 
     for stage in launch.TRAINING_STAGES:
@@ -1032,6 +1088,23 @@ def check_packing(train: TrainConfig, model: ModelLoadConfig, key: str, path: Pa
                           "attention other than flash_attention_2 reads whole (quadratic in the batch: 136 GB and "
                           "7x slower on an H200, BENCHMARKS.md); set model.attn_implementation: flash_attention_2 "
                           "or packing: false")
+
+
+def check_attention(model: ModelLoadConfig, path: Path | str = PARAMS_FILE) -> None:
+    """flash_attention_2 needs the flash-attn package and a CUDA device: said at validation, not by the first
+    stage that loads a model."""
+    if model.attn_implementation != "flash_attention_2":
+        return
+    import importlib.util
+
+    import torch
+
+    missing = [what for what, ok in (("the flash-attn package (pip install flash-attn)",
+                                      importlib.util.find_spec("flash_attn") is not None),
+                                     ("a CUDA device", torch.cuda.is_available())) if not ok]
+    if missing:
+        raise ConfigError(f"{path}: model.attn_implementation: flash_attention_2 needs {' and '.join(missing)}, "
+                          "not found here; sdpa or eager run anywhere")
 
 
 def check_task_fit(task: TaskConfig, prm: "PRMConfig", path: Path | str = PARAMS_FILE) -> None:

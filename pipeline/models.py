@@ -170,6 +170,9 @@ def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
         raise FileNotFoundError(f"{adapter}: base_model_name_or_path {base!r} is not a model folder here (an adapter "
                                 "loads beneath its base; run from the repository root, with the base's stage built)")
     model = PeftModel.from_pretrained(load_weights(base, dtype), str(path)).merge_and_unload()
+    # PEFT froze the base's weights and merging keeps them frozen: as any loaded model, every weight trains again
+    # (full fine-tuning after an adapter: sft_extended, the PRM; a later adapter freezes them itself)
+    model.requires_grad_(True)
     # What TRL builds a frozen reference from (DPO, GRPO's KL) when no adapter is trained on top: this folder,
     # which transformers loads as its base with the adapter on it (the same function), not the base alone.
     model.config._name_or_path = str(path)
@@ -190,9 +193,12 @@ def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device:
         model = load_weights(path, dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # missing, truncated or corrupted files
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
-    model.to(device or default_device())
     if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:  # batched decoding and every trainer pad with one of the two
+            raise InputError(f"{path}: its tokenizer has neither a pad nor an EOS token; give it one "
+                             "(tokenizer.eos_token = ..., then save_pretrained) so generation can stop and batches pad")
         tokenizer.pad_token = tokenizer.eos_token
+    model.to(device or default_device())
     tokenizer.padding_side = "left"
     return model, tokenizer
 

@@ -23,6 +23,7 @@ from prefect.states import Failed, State
 
 from pipeline import paths, runlock
 from pipeline.runlock import stop_tree
+from pipeline.versions import RECORDED, missing_remote, uncommitted_files
 from pipeline.config import active_section, validate_all
 from pipeline.flows import flatten, publish_markdown, publish_table, stage_logger
 from pipeline.report import decoding_markdown, generalisation_markdown, load_evaluations
@@ -193,18 +194,23 @@ def record_version(message: str) -> str | None:
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], text=True, capture_output=True, check=False)
 
-    tracked = [p for p in ("dvc.lock", "params.yaml", str(paths.METRICS)) if Path(p).exists()]
+    tracked = [p for p in RECORDED if Path(p).exists()]
     if (add := git("add", "--", *tracked)).returncode != 0:
         raise RuntimeError(f"git add failed: {add.stderr.strip()}")
-    if git("diff", "--cached", "--quiet").returncode == 0:
+    if git("diff", "--cached", "--quiet", "--", *tracked).returncode == 0:
         return None
-    if (commit := git("commit", "-q", "-m", message)).returncode != 0:
+    # these paths only: whatever else is staged stays staged, out of the version's commit
+    if (commit := git("commit", "-q", "-m", message, "--", *tracked)).returncode != 0:
         raise RuntimeError(f"git commit failed: {commit.stderr.strip()}")
     return git("rev-parse", "HEAD").stdout.strip()
 
 
 # How the flow's Failed state begins when the gate stopped a version (a verdict, not a crash: no traceback).
 GATE_STOPPED = "the gate stopped this version; nothing recorded or pushed: "
+# ... and when a version to record rests on uncommitted changes (checked before any work)
+NO_REMOTE = "--pull/--push: nothing was run: "
+NOT_RECORDABLE = ("--record: a recorded dvc.lock would name changes no commit holds; commit or stash them first, "
+                  "nothing was run: ")
 
 
 @flow(name="repro", persist_result=False)
@@ -234,6 +240,10 @@ def _one_version(targets: list[str] | None, force: bool, pull: bool, push: bool,
         if profiles.write(chosen, profiles.compact(list(sets or []))):
             log.info("params.yaml: profile %s %s", chosen, " ".join(sets or []))
     validate_all()  # every section, before DVC starts anything
+    if record and (dirty := uncommitted_files()):
+        return Failed(message=NOT_RECORDABLE + ", ".join(dirty[:8]))
+    if (pull or push) and (problem := missing_remote()):  # before the run, not after it (and not retried)
+        return Failed(message=NO_REMOTE + problem)
     if pull:
         dvc_transfer("pull")
     seconds, failed = reproduce(targets, force)
@@ -245,6 +255,7 @@ def _one_version(targets: list[str] | None, force: bool, pull: bool, push: bool,
     if failures:
         log.error("%s%s", GATE_STOPPED, "; ".join(failures))
         return Failed(message=GATE_STOPPED + "; ".join(failures))
+    diff = diff_markdown()  # against the HEAD before this version is recorded (then HEAD is this version)
     if record:
         commit = record_version(f"Pipeline version of {time.strftime('%Y-%m-%d %H:%M')} (repro flow"
                                 f"{', profile ' + profile if profile else ''})")
@@ -254,7 +265,7 @@ def _one_version(targets: list[str] | None, force: bool, pull: bool, push: bool,
     rows = metrics_rows()
     if rows:
         publish_table("pipeline-metrics", rows, "Metrics of this pipeline version (metrics/*.json)")
-    publish_markdown("pipeline-metrics-diff", diff_markdown(), "dvc metrics diff against git HEAD")
+    publish_markdown("pipeline-metrics-diff", diff, "dvc metrics diff against git HEAD (before this version)")
     publish_markdown("pipeline-models", models_markdown(), "Every evaluated model side by side, and the RL yardstick")
     evaluations = load_evaluations()
     publish_markdown("pipeline-decoding", decoding_markdown(evaluations),

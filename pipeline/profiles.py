@@ -213,6 +213,10 @@ def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None 
     if isinstance(dataset, dict | None):  # anything else fails validation below, naming the key
         # Derived, not chosen: the DVC dependency of `synthesize` follows the dataset's path.
         task["data_dependency"] = data_dependency_for((dataset or {}).get("path"))
+    # ... and those of `base` and `teacher` follow a loaded model's local folder
+    for name in ("base", "teacher"):
+        if isinstance(params.get(name), dict):
+            params[name].pop("model_dependency", None)  # derived from the model by the section's own validator
     resolved = {name: parse_section(name, SECTIONS[name], params[name], f"profile {profile}").model_dump(mode="json")
                 for name in SECTIONS}
     check_required(profile, resolved, root, profiles)
@@ -322,13 +326,18 @@ def write(profile: str = DEFAULT, sets: Sequence[str] = (), path: Path | None = 
     """Resolve and write params.yaml (atomically); True when its text changed.
 
     Refuses (ConfigError, nothing written) when the file holds values its own header does not
-    explain, so a hand edit is never lost to a profile switch.
+    explain and the new resolution would change, so a hand edit is never lost to a profile switch (an edit
+    restated as -S, or one the new profile sets alike, is kept and passes).
     """
     path = path or params_path()
-    text = render(resolve(profile, sets, root), profile, sets)  # a bad profile or -S fails before the check
+    resolved = resolve(profile, sets, root)
+    text = render(resolved, profile, sets)  # a bad profile or -S fails before the check
     if path.exists() and path.read_text() == text:
         return False
     edited = hand_edits(path, root)
+    if edited:
+        changed = set(differences(read_params(path), resolved))
+        edited = (["*"] if changed else []) if edited == ["*"] else [k for k in edited if k in changed]
     if edited:
         keys = "the whole file (no profile header)" if edited == ["*"] else ", ".join(edited[:8])
         raise ConfigError(f"{path}: hand edits not in its profile: {keys}. Pass them as -S key=value (they "

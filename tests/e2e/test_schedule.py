@@ -101,3 +101,10 @@ def test_a_gate_that_cannot_pass_stops_the_version(tmp_path, prefect_api):
     bad = subprocess.run([sys.executable, "-m", "pipeline", "repro", "--gate", "sft:2"], cwd=repo, env=venv_env(),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--gate 'sft:2': expected MODEL[:MARGIN]" in bad.stderr
+    # code changed but not committed: a recorded dvc.lock would name it, so --record refuses before any work
+    with open(repo / "stages" / "report.py", "a") as fh:
+        fh.write("# an edit\n")
+    dirty = subprocess.run([sys.executable, "-m", "pipeline", "repro", "synthesize", "--record"], cwd=repo,
+                           env=venv_env(), capture_output=True, text=True, timeout=120)
+    assert dirty.returncode == 2, dirty.stderr[-2000:]
+    assert "--record: uncommitted changes in stages/report.py" in dirty.stderr and commits(repo) == ["start"]

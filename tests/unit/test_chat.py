@@ -155,6 +155,25 @@ def test_chat_needs_a_template_a_chat_route_and_system_needs_chat(tmp_path, tok)
         parse_section("prompt", PromptConfig, {"format": "raw", "system": "Be brief."})
 
 
+def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok):
+    """Raw prompts need no template, but the model itself must be there: its config, and a tokenizer with a pad
+    or an EOS token; each failure names the key at validation."""
+    raw = PromptConfig(format="raw")
+    (tmp_path / "tokenizer_only").mkdir()
+    tok.save_pretrained(tmp_path / "tokenizer_only")
+    for folder, message in ((tmp_path / "absent", "is not a model folder or a Hub id found here"),
+                            (tmp_path / "tokenizer_only", "is not a model folder or a Hub id found here")):
+        with pytest.raises(ConfigError, match=rf"base\.model: '{folder}' {message}"):
+            chat.check_models(raw, base=BaseModelConfig(model=str(folder)))
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=64), tok)
+    tok.pad_token = tok.eos_token = None
+    save_model(model, tok, tmp_path / "no_pad")
+    with pytest.raises(ConfigError, match=r"teacher\.model: the tokenizer of .*no_pad' has neither a pad nor an EOS"):
+        chat.check_models(raw, teacher=TeacherConfig(backend="transformers", model=str(tmp_path / "no_pad")))
+
+
 def test_the_server_chat_route_applies_the_template_or_concatenates_without_one(tok):
     from pipeline.openai_server import _chat_prompt
 

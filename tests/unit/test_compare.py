@@ -75,6 +75,8 @@ def test_the_gate_fails_a_sure_drop_beyond_its_margin_and_a_model_it_cannot_judg
     for bad in ("", ":0.1", "grpo:x", "grpo:1.5"):
         with pytest.raises(ValueError, match="MODEL\\[:MARGIN\\]"):
             parse_gate(bad)
+    with pytest.raises(ValueError, match=r"'sft_extnded:0.02': sft_extnded is not an evaluated model \(teacher, sft, "):
+        parse_gate("sft_extnded:0.02")  # a typo fails before any run, not after it
 
 
 def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_regression(monkeypatch, capsys):
@@ -95,6 +97,7 @@ def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_
     monkeypatch.setattr(report, "load_evaluations", lambda: {})
     monkeypatch.setattr(report, "decoding_markdown", lambda e: "")
     monkeypatch.setattr(report, "generalisation_markdown", lambda e: "")
+    monkeypatch.setattr(cli, "_is_commit", lambda rev: rev in by_rev)
     assert cli.main(["report", "--rev", "A", "--rev", "B"]) == 0
     out = capsys.readouterr().out
     assert "diff A B" in out and "| sft | 1.000 | 0.750 | -0.250 |" in out and "A against B" in out
@@ -102,5 +105,11 @@ def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_
     assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.1"]) == 1
     assert "regression: sft: accuracy 1.000 -> 0.750" in capsys.readouterr().err
     assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.3"]) == 0
+    capsys.readouterr()
+    # bad arguments exit 2 before any table is printed
     assert cli.main(["report", "--rev", "A", "--rev", "B", "--rev", "C"]) == 2
     assert cli.main(["report", "--fail-on-regression", "sft:2"]) == 2
+    assert cli.main(["report", "--rev", "nosuch"]) == 2
+    assert cli.main(["report", "--results", "--rev", "A"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "error: --rev nosuch: neither a git revision nor a DVC experiment here" in err

@@ -67,7 +67,10 @@ def test_a_saved_adapter_loads_back_as_the_same_function(base, tmp_path, monkeyp
     else:
         assert not (out / "model.safetensors").exists() and (out / "adapter_model.safetensors").exists()
         assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "models/base"
-    torch.testing.assert_close(logits(load_weights(out)), expected, rtol=1e-4, atol=1e-5)
+    loaded = load_weights(out)
+    torch.testing.assert_close(logits(loaded), expected, rtol=1e-4, atol=1e-5)
+    # every weight trains again, as a plain folder's do (sft_extended and the PRM fine-tune all of them)
+    assert all(p.requires_grad for p in loaded.parameters())
     # the base folder is untouched: it still computes what it did
     torch.testing.assert_close(logits(load_weights("models/base")), logits(load_model("models/base", device="cpu")[0]))
 

@@ -131,3 +131,27 @@ def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path,
     monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
     # no params file: float32, transformers' attention
     assert load_kwargs() == {"dtype": torch.float32, "use_safetensors": True, "trust_remote_code": False}
+
+
+def test_a_tokenizer_without_pad_or_eos_fails_naming_the_folder(tmp_path):
+    from pipeline.io import InputError
+
+    tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
+    cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = build_student(cfg, tok)
+    tok.pad_token = tok.eos_token = None
+    save_model(model, tok, tmp_path / "m")
+    with pytest.raises(InputError, match=r"m: its tokenizer has neither a pad nor an EOS token"):
+        load_model(tmp_path / "m", device="cpu")
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("flash_attn") is not None, reason="flash-attn installed")
+def test_flash_attention_without_its_package_is_refused_at_validation():
+    from pipeline.config import ConfigError, ModelLoadConfig, check_attention
+
+    for fine in (None, "sdpa", "eager"):
+        check_attention(ModelLoadConfig(attn_implementation=fine))
+    with pytest.raises(ConfigError, match=r"model.attn_implementation: flash_attention_2 needs the flash-attn package "
+                                          r"\(pip install flash-attn\).*not found here; sdpa or eager run anywhere"):
+        check_attention(ModelLoadConfig(attn_implementation="flash_attention_2"))

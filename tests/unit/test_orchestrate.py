@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import threading
 
 from pipeline.orchestrate import STAGE_FAILED, TEE_TAIL, _pass_through, failure_code, stage_failure
@@ -57,3 +58,54 @@ def test_the_pass_through_copies_everything_and_keeps_the_tail():
     thread.join()
     assert sink.getvalue() == payload.decode()
     assert len(tail) == TEE_TAIL and tail.endswith("error: the end\n")
+
+
+def git(*args: str, cwd) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_recorded_version_commits_its_lock_params_and_metrics_only(tmp_path, monkeypatch):
+    from pipeline.versions import uncommitted_files
+    from pipeline.orchestrate import record_version
+
+    for cmd in (["init", "-q"], ["config", "user.email", "ci@example.com"], ["config", "user.name", "ci"]):
+        git(*cmd, cwd=tmp_path)
+    (tmp_path / "metrics").mkdir()
+    for name, text in (("dvc.lock", "a"), ("params.yaml", "a"), ("metrics/sft.json", "{}"), ("code.py", "a")):
+        (tmp_path / name).write_text(text)
+    git("add", "-A", cwd=tmp_path)
+    git("commit", "-qm", "start", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert uncommitted_files() == []
+    (tmp_path / "dvc.lock").write_text("b")
+    (tmp_path / "metrics" / "new.json").write_text("{}")
+    assert uncommitted_files() == []  # what recording commits does not count
+    (tmp_path / "code.py").write_text("b")
+    (tmp_path / "notes.txt").write_text("mine")
+    git("add", "notes.txt", cwd=tmp_path)
+    assert uncommitted_files() == ["code.py", "notes.txt"]  # changed, and staged but not committed
+    commit = record_version.fn("a version")
+    assert git("show", "--name-only", "--format=%s", commit, cwd=tmp_path).split() == [
+        "a", "version", "dvc.lock", "metrics/new.json"]
+    assert git("status", "--porcelain", cwd=tmp_path).splitlines() == [" M code.py", "A  notes.txt"]
+    assert record_version.fn("again") is None  # nothing of its own changed: no commit
+
+
+def test_a_remote_that_cannot_work_is_named_before_any_transfer(tmp_path, monkeypatch):
+    import sys
+
+    from pipeline.versions import missing_remote
+
+    def dvc(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "dvc", *args], cwd=tmp_path, capture_output=True, check=True)
+
+    git("init", "-q", cwd=tmp_path)
+    dvc("init", "-q")
+    monkeypatch.chdir(tmp_path)
+    assert missing_remote().startswith("no default DVC remote (`make remote` makes")
+    dvc("remote", "add", "-d", "local", "store")  # a path beside the repository files, as the shipped one
+    store = tmp_path / "store"
+    assert missing_remote() == (f"the default DVC remote 'local' is a folder that does not exist: {store} "
+                                "(`make remote` makes it)")
+    store.mkdir()
+    assert missing_remote() is None

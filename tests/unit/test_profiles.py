@@ -159,6 +159,12 @@ def test_write_records_the_profile_and_refuses_to_lose_a_hand_edit(root):
     with pytest.raises(ConfigError, match=r"hand edits not in its profile: dpo.beta.*-S key=value"):
         profiles.write("small", [], path, root)
     assert path.read_text() == edited  # nothing lost
+    # restated as -S, the edit is kept: the refusal's own advice clears it, and the header now explains the file
+    assert profiles.write("small", ["dpo.beta=0.3"], path, root) is True
+    assert profiles.header_of(path.read_text()) == ("small", ["dpo.beta=0.3"]) and profiles.hand_edits(path, root) == []
+    path.write_text(path.read_text().replace("\n  beta: 0.3 ", "\n  beta: 0.2 ", 1))
+    with pytest.raises(ConfigError, match=r"hand edits not in its profile: dpo.beta"):  # another value: lost
+        profiles.write("small", ["dpo.beta=0.3"], path, root)
     path.write_text("sft:\n  seed: 1\n")  # a file with no profile header
     with pytest.raises(ConfigError, match="the whole file"):
         profiles.write("small", [], path, root)

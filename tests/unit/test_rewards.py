@@ -2,6 +2,7 @@
 
 import math
 import pickle
+import sys
 
 import pytest
 
@@ -441,6 +442,21 @@ def test_a_bad_custom_reward_spec_is_named_at_params_validation(spec, message):
     with pytest.raises(ConfigError, match=r"rewards\.custom\.mine.*") as caught:
         parse_section("rewards", RewardsConfig, {"custom": {"mine": {"function": spec, "weight": 1.0}}})
     assert message in str(caught.value)
+
+
+def test_a_custom_reward_that_cannot_take_trls_keywords_is_named_at_params_validation(monkeypatch):
+    import types
+
+    module = types.ModuleType("rewards.signatures")
+    module.positional = lambda completions, answer: [0.0]
+    module.keywords = lambda prompts=None, completions=None, **columns: [0.0]
+    monkeypatch.setitem(sys.modules, "rewards.signatures", module)
+    with pytest.raises(ConfigError, match=r"rewards\.custom\.mine.*'rewards.signatures:positional': "
+                                          r"positional\(completions, answer\) cannot take TRL's reward arguments"):
+        parse_section("rewards", RewardsConfig, {"custom": {"mine": {"function": "rewards.signatures:positional",
+                                                                      "weight": 1.0}}})
+    parse_section("rewards", RewardsConfig, {"custom": {"mine": {"function": "rewards.signatures:keywords",
+                                                                  "weight": 1.0}}})
 
 
 def test_a_custom_reward_may_not_take_a_built_in_name():
