@@ -136,7 +136,7 @@ def bootstrap_markdown(before: str, models: Sequence[str], after: str | None = N
     """Each model's greedy accuracy at `before` against `after` (None: the workspace), paired per question, as a
     markdown table; a model evaluated in neither is left out."""
     results = results if results is not None else compare_models(before, models, after, split)
-    before, to = _shown(before), _shown(after) if after else "workspace"
+    before, to = shown(before), shown(after) if after else "workspace"
     lines = [f"Greedy accuracy on {split}, {before} against {to} (paired bootstrap, {RESAMPLES:,} resamples, "
              f"seed {SEED}):", "",
              f"| model | {before} | {to} | change | 95% interval | questions |", "|---|---|---|---|---|---|"]
@@ -149,7 +149,7 @@ def bootstrap_markdown(before: str, models: Sequence[str], after: str | None = N
     return "\n".join(lines)
 
 
-def _shown(rev: str) -> str:
+def shown(rev: str) -> str:
     """An experiment's full ref (`resolve_rev`) by its name, as `dvc exp show` lists it."""
     return rev.rsplit("/", 1)[-1] if rev.startswith("refs/exps/") else rev
 

@@ -116,7 +116,9 @@ def diff_markdown(rev: str = "HEAD", after: str | None = None) -> str:
             change = d.get('diff')
             change = round(change, 4) if isinstance(change, float) else change
             lines.append(f"| {file} | {key} | {d.get('old')} | {d.get('new')} | {change} |")
-    return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {rev}."
+    from pipeline.compare import shown  # an experiment by its name, not its full ref
+
+    return "\n".join(lines) if len(lines) > 2 else f"No metric changed against {shown(rev)}."
 
 
 def models_markdown(root: Path = paths.METRICS) -> str:
