@@ -600,8 +600,8 @@ def test_transformers_teacher_references_a_saved_model(workspace, monkeypatch):
     params = yaml.safe_load(Path("params.yaml").read_text())
     params["teacher"] = {"backend": "transformers", "model": str(saved)}
     params["evaluate"] = {**params["evaluate"], "splits": ["test"], "sampled_splits": ["test"]}
+    monkeypatch.chdir(folder)  # first: the params derive teacher.model_dependency from where they are written
     write_params(folder, params)
-    monkeypatch.chdir(folder)
     teacher.main()
     assert sorted(p.name for p in paths.model_dir("teacher").iterdir()) == [paths.MODEL_MANIFEST]
     distill.main()
