@@ -24,6 +24,23 @@ def save_student(folder, seed: int) -> None:
     save_model(build_student(cfg, tokenizer), tokenizer, folder)
 
 
+def test_a_local_model_folder_is_declared_to_dvc_for_base_and_teacher(tmp_path, monkeypatch):
+    """What DVC reads from dvc.yaml with the params `python -m pipeline params` wrote: the folders among the deps."""
+    from dvc.repo import Repo
+
+    mine, theirs = tmp_path / "my-model", tmp_path / "their-model"
+    save_student(mine, seed=0)
+    save_student(theirs, seed=1)
+    repo = make_repo(tmp_path, "repo", [f"base.model={mine}", "teacher.backend=transformers",
+                                        f"teacher.model={theirs}"])
+    monkeypatch.chdir(repo)  # DVC reads params.yaml for dvc.yaml's ${...} from the working directory
+    with Repo(str(repo)) as dvc_repo:
+        deps = {name: {str(d.def_path) for d in dvc_repo.stage.collect(name)[0].deps} for name in ("base", "teacher")}
+    assert str(mine) in deps["base"] and str(theirs) in deps["teacher"]
+    assert str(mine) not in deps["teacher"] and str(theirs) not in deps["base"]
+
+
+@pytest.mark.slow  # two stages run (the declaration above is checked in `make test`)
 def test_a_local_model_folder_is_a_dependency_of_the_stage_that_loads_it(tmp_path, prefect_api):
     mine = tmp_path / "my-model"
     save_student(mine, seed=0)
