@@ -37,7 +37,7 @@ Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 class SynthesizeConfig(Section):
     """`synthesize`: the Chain-of-Functions generator."""
 
-    seed: int = Field(0, description="RNG seed; the same seed gives byte-identical files")
+    seed: int = Field(0, ge=0, description="RNG seed; the same seed gives byte-identical files")
     n_train: int = Field(6000, ge=1, description="training questions")
     n_val: int = Field(300, ge=1, description="validation questions (in-domain)")
     n_test: int = Field(500, ge=1, description="test questions (in-domain)")
@@ -94,7 +94,7 @@ def check_heads(cfg: "BaseModelConfig | TeacherConfig") -> None:
 class DrillConfig(Section):
     """`base.drills`: table-reading drills a student built from scratch trains on before SFT (pipeline/drills.py)."""
 
-    seed: int = Field(0, description="RNG seed of the random tables and the keys asked")
+    seed: int = Field(0, ge=0, description="RNG seed of the random tables and the keys asked")
     colour_steps: int = Field(2000, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
     number_steps: int = Field(1000, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
@@ -111,7 +111,7 @@ class RankDrillConfig(Section):
     """`sft.rank_drill`: the ranking drill the student trains on after SFT (pipeline/drills.py), so that every
     policy after `sft` and the PRM started from it rank a listed set."""
 
-    seed: int = Field(0, description="RNG seed of the random tables and the ranks asked")
+    seed: int = Field(0, ge=0, description="RNG seed of the random tables and the ranks asked")
     curriculum: list[Annotated[int, Field(ge=0)]] = Field(
         [], max_length=3, description="steps of each phase before `steps`: phase i asks only the first i + 1 "
         "ranks (largest; largest and smallest; + second largest); why: study `ranking-drill-curriculum-and-replay`")
@@ -165,7 +165,7 @@ def derive_model_dependency(section: "BaseModelConfig | TeacherConfig", loaded: 
 class BaseModelConfig(Section):
     """`base`: the tokenizer and the student before SFT (built from scratch and drilled, or loaded)."""
 
-    seed: int = Field(3, description="RNG seed for weight init (3: an init whose drills learn the table reading on "
+    seed: int = Field(3, ge=0, description="RNG seed for weight init (3: an init whose drills learn the table reading on "
                       "the default's data, chosen on the drills' own held-out tables; why: study "
                       "`quick-default-under-ten-minutes`)")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
@@ -202,7 +202,7 @@ class BaseModelConfig(Section):
 class TrainConfig(Section):
     """Hyperparameters of one TRL SFTTrainer run (loss on the completion only); shared by `sft` and `teacher.train`."""
 
-    seed: int = Field(0, description="RNG seed for data order and dropout")
+    seed: int = Field(0, ge=0, description="RNG seed for data order and dropout")
     learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
     num_train_epochs: float = Field(5.0, gt=0, description="passes over the training set")
     max_steps: int = Field(-1, ge=-1, description="stop after this many optimizer steps (-1: use epochs)")
@@ -264,7 +264,7 @@ class TeacherConfig(Section):
     named by `api_key_env`; it never appears in params, logs or outputs.
     """
 
-    seed: int = Field(0, description="RNG seed (embedded: weight init and data order)")
+    seed: int = Field(0, ge=0, description="RNG seed (embedded: weight init and data order)")
     backend: Literal["embedded", "transformers", "openai"] = Field(
         "embedded",
         description="embedded: a larger tiny model trained here on gold rationales; transformers: a causal LM "
@@ -311,7 +311,7 @@ class TeacherConfig(Section):
 class DistillConfig(Section):
     """`distill`: rejection sampling of teacher traces, difficulty by pass rate, dedup and decontamination."""
 
-    seed: int = Field(0, description="sampling seed")
+    seed: int = Field(0, ge=0, description="sampling seed")
     method: Literal["traces", "logits"] = Field(
         "traces",
         description="traces: SFT on verified traces only; logits: the sft stage adds on-policy logit distillation "
@@ -449,7 +449,7 @@ class RewardsConfig(Section):
 class MineConfig(Section):
     """`mine`: hard-case mining. G rollouts per RL-pool prompt from the SFT policy give each prompt a pass rate."""
 
-    seed: int = Field(0, description="sampling seed and pool order")
+    seed: int = Field(0, ge=0, description="sampling seed and pool order")
     pool_size: int = Field(200, ge=1, description="training questions in the RL pool")
     rollouts: int = Field(8, ge=2, description="G: sampled completions per prompt")
     temperature: float = Field(0.8, gt=0, description="sampling temperature (the GRPO rollout temperature)")
@@ -474,7 +474,7 @@ class MineConfig(Section):
 class GRPOStageConfig(Section):
     """`grpo`: RL on the mined set with TRL's GRPOTrainer (or TBRM), rewards from the `rewards` section."""
 
-    seed: int = Field(0, description="RNG seed for data order and sampling")
+    seed: int = Field(0, ge=0, description="RNG seed for data order and sampling")
     algorithm: Literal["grpo", "tbrm"] = Field(
         "grpo", description="grpo: group-relative advantages over G rollouts; tbrm: trajectory Bellman residual, one rollout"
     )
@@ -526,7 +526,7 @@ class GRPOStageConfig(Section):
 class DPOStageConfig(Section):
     """`dpo`: TRL's DPOTrainer from the SFT model on preference pairs (correct vs incorrect trace)."""
 
-    seed: int = Field(0, description="RNG seed for data order")
+    seed: int = Field(0, ge=0, description="RNG seed for data order")
     pairs: Literal["mine", "distill", "both"] = Field(
         "mine", description="mine: on-policy pairs of the SFT policy; distill: teacher pairs; both"
     )
@@ -557,9 +557,9 @@ class SFTExtendedConfig(Section):
 class PRMDataConfig(Section):
     """`prm_data`: step labels for the PRM, from the CoF gold values and from PROPA's MCTS with the policy."""
 
-    seed: int = Field(0, description="question sample and sampling seed")
+    seed: int = Field(0, ge=0, description="question sample and sampling seed")
     policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
-    question_seed: int = Field(1, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
+    question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
     gold_questions: int = Field(3000, ge=1, description="gold labels: new training questions (why: studies "
                                 "`quick-default`, `quick-default-under-ten-minutes`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
@@ -587,7 +587,7 @@ class PRMDataConfig(Section):
 class PRMConfig(Section):
     """`prm`: the process reward model, the policy's LM read as a verdict on every token of a line."""
 
-    seed: int = Field(0, description="RNG seed for the data order")
+    seed: int = Field(0, ge=0, description="RNG seed for the data order")
     sources: list[Literal["gold", "mcts", "mc"]] = Field(
         ["gold", "mcts"], min_length=1, description="label sources trained on (gold: BCE on 0/1, mcts: MSE on "
         "log_boost; mc, a dataset task's labels: BCE on the share of rollouts that reach the right answer)"
@@ -662,7 +662,7 @@ EditOp = Literal["highlight", "recolour", "remove", "annotate", "change_value"]
 class AnimateConfig(Section):
     """`animate`: chart images to paired source/target video-edit clips, filters and temporal questions."""
 
-    seed: int = Field(0, description="RNG seed; with the procedural backend the same seed gives byte-identical clips")
+    seed: int = Field(0, ge=0, description="RNG seed; with the procedural backend the same seed gives byte-identical clips")
     backend: Literal["procedural", "diffusers"] = Field(
         "procedural", description="procedural: camera and data dynamics redrawn on CPU; diffusers: an image-to-video "
         "pipeline (Stable Video Diffusion, CogVideoX-I2V) from model_path, on GPU (pip install -e '.[video]')",

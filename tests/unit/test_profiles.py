@@ -139,6 +139,8 @@ def test_seed_sets_every_seed_and_the_new_question_seed():
     zero, default = profiles.resolve("default", profiles.seed_sets(0), root=ROOT), profiles.defaults()
     assert zero["base"].pop("seed") == 0 and default["base"].pop("seed") == 3
     assert zero == default
+    with pytest.raises(ConfigError, match=r"synthesize.seed: Input should be greater than or equal to 0 \(got -1\)"):
+        profiles.resolve("default", profiles.seed_sets(-1), root=ROOT)
 
 
 def test_compact_keeps_the_last_value_of_each_key():
