@@ -112,12 +112,12 @@ def _repro_locked(args: argparse.Namespace) -> int:
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
         os.environ["PREFECT_API_URL"] = api_url
-        from pipeline.orchestrate import GATE_STOPPED, NO_REMOTE, NOT_RECORDABLE, STAGE_FAILED, failure_code, repro_flow
+        from pipeline.orchestrate import STATED_FAILURES, failure_code, repro_flow
 
         with expected_errors():
             state = repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push,
                                gate=args.gate, record=args.record, return_state=True)
-            if state.is_failed() and (state.message or "").startswith((GATE_STOPPED, STAGE_FAILED, NOT_RECORDABLE, NO_REMOTE)):
+            if state.is_failed() and (state.message or "").startswith(STATED_FAILURES):
                 print(f"error: {state.message}", file=sys.stderr)
                 return failure_code(state.message)
             state.result()  # any other failure raises here, as the flow raised it
@@ -182,16 +182,9 @@ def _result_columns() -> tuple[tuple[str, str], ...]:
     return ((title, RESULT_COLUMNS[0][1]), *snapshots)
 
 
-def _is_commit(rev: str) -> bool:
-    import subprocess
-
-    return subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], capture_output=True,
-                          check=False).returncode == 0
-
-
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.compare import bootstrap_markdown, compare_models, gate, parse_gate, resolve_rev
+    from pipeline.compare import bootstrap_markdown, compare_models, gate, is_commit, parse_gate, resolve_rev
     from pipeline.report import (STUDENTS, decoding_markdown, generalisation_markdown, load_evaluations,
                                  results_markdown)
 
@@ -213,7 +206,7 @@ def _report(args: argparse.Namespace) -> int:
         print(f"error: --fail-on-regression {exc}", file=sys.stderr)
         return 2
     resolved = [resolve_rev(rev) for rev in revs]  # experiment names too
-    if unknown := [rev for rev, full in zip(revs, resolved) if not _is_commit(full)]:
+    if unknown := [rev for rev, full in zip(revs, resolved) if not is_commit(full)]:
         print(f"error: --rev {unknown[0]}: neither a git revision nor a DVC experiment here (`dvc exp show` lists "
               "the experiments)", file=sys.stderr)
         return 2

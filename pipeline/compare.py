@@ -73,13 +73,18 @@ def regressed(result: dict, margin: float = 0.0) -> bool:
     return result["ci_high"] < -margin
 
 
+def is_commit(rev: str) -> bool:
+    """Does git know `rev` as a commit (a hash, branch, tag, HEAD~1 or an experiment's full ref)?"""
+    import subprocess
+
+    return subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], capture_output=True,
+                          check=False).returncode == 0
+
+
 def resolve_rev(rev: str) -> str:
     """A git revision as it is; the name of a DVC experiment (`dvc exp show`) as its full ref, which git and DVC
     both read. An unknown name comes back unchanged (DVC then says it is unknown)."""
-    import subprocess
-
-    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], capture_output=True,
-                      check=False).returncode == 0:
+    if is_commit(rev):
         return rev
     from dvc.repo import Repo
     from dvc.repo.experiments.utils import resolve_name

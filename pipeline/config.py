@@ -133,22 +133,28 @@ NO_MODEL_DEPENDENCY = "pipeline/models.py"
 PIPELINE_OUTPUTS = ("models", "data")
 
 
+def is_local(path: str, suffixes: tuple[str, ...] = ()) -> bool:
+    """Does a path-or-id name something local (rather than a Hugging Face id, owner/name)? It exists, starts with
+    . / or ~, or ends in one of `suffixes`."""
+    return Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or Path(path).suffix in suffixes
+
+
+def watched(path: str) -> str:
+    """A local path as DVC must be given it: `~` expanded (DVC does not expand it)."""
+    return str(Path(path).expanduser()) if path.startswith("~") else path
+
+
 def model_dependency_for(model: str | None) -> str:
-    """The DVC dependency for a model path or id: its local folder (`~` expanded: DVC does not expand it), so that
-    retraining it in place re-runs the stage that loads it; else `NO_MODEL_DEPENDENCY` (a Hub id, nothing loaded,
-    or a folder inside this repository's models/ or data/, a stage's own output)."""
-    if model is None:
+    """The DVC dependency for a model path or id: its local folder, so that retraining it in place re-runs the
+    stage that loads it; else `NO_MODEL_DEPENDENCY` (a Hub id, nothing loaded, or a folder inside this repository's
+    models/ or data/, a stage's own output)."""
+    if model is None or not is_local(model):
         return NO_MODEL_DEPENDENCY
-    path = Path(model).expanduser()
-    if not (path.exists() or model.startswith((".", "/", "~"))):
-        return NO_MODEL_DEPENDENCY  # a Hugging Face id (owner/name)
     try:
-        inside = path.resolve().relative_to(Path.cwd().resolve()).parts
+        inside = Path(model).expanduser().resolve().relative_to(Path.cwd().resolve()).parts
     except ValueError:
         inside = ()
-    if inside and inside[0] in PIPELINE_OUTPUTS:
-        return NO_MODEL_DEPENDENCY
-    return str(path) if model.startswith("~") else model
+    return NO_MODEL_DEPENDENCY if inside and inside[0] in PIPELINE_OUTPUTS else watched(model)
 
 
 def derive_model_dependency(section: "BaseModelConfig | TeacherConfig", loaded: str | None) -> None:
@@ -775,8 +781,7 @@ NO_DATA_DEPENDENCY = "pipeline/task_data.py"
 
 def is_local_dataset(path: str) -> bool:
     """Does `task.dataset.path` name a local file or folder (rather than a Hugging Face dataset id)?"""
-    return Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or Path(path).suffix in (
-        ".parquet", ".jsonl", ".json", ".csv")
+    return is_local(path, (".parquet", ".jsonl", ".json", ".csv"))
 
 
 def data_dependency_for(dataset_path: str | None) -> str:
@@ -784,7 +789,7 @@ def data_dependency_for(dataset_path: str | None) -> str:
     else `NO_DATA_DEPENDENCY`."""
     if dataset_path is None or not is_local_dataset(dataset_path):
         return NO_DATA_DEPENDENCY
-    return str(Path(dataset_path).expanduser()) if dataset_path.startswith("~") else dataset_path
+    return watched(dataset_path)
 
 
 class ModelLoadConfig(Section):

@@ -116,7 +116,6 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
 def _run_rank(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """One rank of a launched stage: `body` as a plain call, its log lines marked with the rank; rank 0 (the one
     that wrote the outputs) then removes the run's checkpoints."""
-
     from pipeline.io import rank, wait_for_ranks
 
     logging.basicConfig(level=logging.INFO, format=f"[{name} rank {rank()}] %(message)s", stream=sys.stderr)
@@ -276,7 +275,6 @@ def _quiet_failed_states() -> None:
 
 def stage_logger():
     """The flow run's logger inside a flow, a plain logger outside one (unit tests)."""
-
     from prefect.exceptions import MissingContextError
     from prefect.logging import get_run_logger
 

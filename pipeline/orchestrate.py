@@ -207,12 +207,14 @@ def record_version(message: str) -> str | None:
     return git("rev-parse", "HEAD").stdout.strip()
 
 
-# How the flow's Failed state begins when the gate stopped a version (a verdict, not a crash: no traceback).
+# How the flow's Failed state begins when the gate stopped a version (a verdict, not a crash: no traceback) ...
 GATE_STOPPED = "the gate stopped this version; nothing recorded or pushed: "
-# ... and when a version to record rests on uncommitted changes (checked before any work)
-NO_REMOTE = "--pull/--push: nothing was run: "
+# ... when a version to record rests on uncommitted changes, or the remote cannot work (checked before any work)
 NOT_RECORDABLE = ("--record: a recorded dvc.lock would name changes no commit holds; commit or stash them first, "
                   "nothing was run: ")
+NO_REMOTE = "--pull/--push: nothing was run: "
+# Every Failed state the flow states a reason for (with STAGE_FAILED): the CLI prints it, without a traceback
+STATED_FAILURES = (GATE_STOPPED, STAGE_FAILED, NOT_RECORDABLE, NO_REMOTE)
 
 
 @flow(name="repro", persist_result=False)

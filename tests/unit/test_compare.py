@@ -97,7 +97,7 @@ def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_
     monkeypatch.setattr(report, "load_evaluations", lambda: {})
     monkeypatch.setattr(report, "decoding_markdown", lambda e: "")
     monkeypatch.setattr(report, "generalisation_markdown", lambda e: "")
-    monkeypatch.setattr(cli, "_is_commit", lambda rev: rev in by_rev)
+    monkeypatch.setattr(compare, "is_commit", lambda rev: rev in by_rev)
     assert cli.main(["report", "--rev", "A", "--rev", "B"]) == 0
     out = capsys.readouterr().out
     assert "diff A B" in out and "| sft | 1.000 | 0.750 | -0.250 |" in out and "A against B" in out
