@@ -71,7 +71,9 @@ def save(model, tokenizer, folder: Path, cfg: LoraConfig, base: Path):
         merged = model.merge_and_unload()
         save_model(merged, tokenizer, folder)
         return merged
-    model.save_pretrained(folder, safe_serialization=True)
+    # the trained adapter alone: TRL's GRPO adds a frozen copy of it named "ref" (its KL reference), which PEFT
+    # would save into a subfolder naming a base of its own
+    model.save_pretrained(folder, safe_serialization=True, selected_adapters=[model.active_adapter])
     tokenizer.save_pretrained(folder)
     (Path(folder) / "README.md").unlink(missing_ok=True)  # PEFT's model card, naming the base as it was in memory
     config_file = Path(folder) / "adapter_config.json"

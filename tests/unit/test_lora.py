@@ -91,6 +91,23 @@ def test_an_adapter_on_an_adapter_loads_through_both(base, monkeypatch):
     torch.testing.assert_close(logits(load_model("models/grpo", device="cpu")[0]), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_only_the_trained_adapter_is_saved(base, monkeypatch):
+    """TRL's GRPO adds a frozen copy named "ref" beside the adapter it trains (its KL reference, when beta > 0):
+    the saved folder holds the trained adapter alone, with no `ref/` subfolder naming a base of its own."""
+    monkeypatch.chdir(base)
+    cfg = LoraConfig(grpo=True, r=2, dropout=0.0, save="adapter")
+    model, tokenizer = load_model("models/base", device="cpu")
+    wrapped = lora.wrap(model, cfg, "grpo")
+    wrapped.add_adapter("ref", wrapped.peft_config["default"])  # as GRPOTrainer does
+    trained(wrapped)
+    expected = logits(wrapped)
+    out = base / "models/grpo_ref"
+    lora.save(wrapped, tokenizer, out, cfg, base="models/base")
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == []
+    torch.testing.assert_close(logits(load_model("models/grpo_ref", device="cpu")[0]), expected, rtol=1e-4,
+                               atol=1e-5)
+
+
 def test_an_adapter_whose_base_is_missing_fails_naming_it(base, monkeypatch):
     from pipeline.io import InputError
 
