@@ -125,9 +125,11 @@ def merge(base: dict, over: dict, source: str, prefix: str = "") -> dict:
     keys are data (`rewards.weights`, `animate.edit_ops`) are replaced whole.
     """
     out = dict(base)
+    parent = _section_model(prefix.rstrip(".")) if prefix else None
     for key, value in over.items():
         dotted = f"{prefix}{key}"
-        if key not in base:
+        # a section that was null (task.dataset) holds only the keys set so far: its schema says what is known
+        if key not in base and not (parent and key in parent.model_fields):
             raise ConfigError(f"{source}: {dotted}: unknown key")
         if isinstance(value, dict) and isinstance(base[key], dict) and _is_section(dotted):
             out[key] = merge(base[key], value, source, f"{dotted}.")
@@ -138,12 +140,17 @@ def merge(base: dict, over: dict, source: str, prefix: str = "") -> dict:
 
 def _is_section(dotted: str) -> bool:
     """Whether a dotted key names a params section or a nested section model (not a dict-valued field)."""
+    return _section_model(dotted) is not None
+
+
+def _section_model(dotted: str) -> type[BaseModel] | None:
+    """The schema of the params section or nested section a dotted key names; None for any other key."""
     parts = dotted.split(".")
     model: type[BaseModel] | None = SECTIONS.get(parts[0])
     for part in parts[1:]:
         field = model.model_fields.get(part) if model else None
         model = section_type(field.annotation) if field else None
-    return model is not None
+    return model
 
 
 def section_type(annotation: Any) -> type[Section] | None:
@@ -244,7 +251,7 @@ def render(params: dict, profile: str = DEFAULT, sets: Sequence[str] = ()) -> st
 
 
 def _doc(model: type[BaseModel]) -> str:
-    return (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    return " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())  # indentation of a docstring too
 
 
 def _comment(text: str, indent: str, width: int = 100) -> list[str]:

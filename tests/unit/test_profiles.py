@@ -102,6 +102,16 @@ def test_set_composes_on_top_of_a_profile(root):
     assert params["evaluate"]["decoding"]["n"] == 4 and params["synthesize"]["chart_types"] == ["bar"]
 
 
+def test_sets_fill_a_null_section_key_by_key(root):
+    """task.dataset is null in the default: each -S adds a key, and a key the schema lacks is still refused."""
+    params = profiles.resolve("small", ["task.kind=dataset", "task.dataset.path=examples/gsm8k",
+                                        "task.dataset.answer_extraction=gsm8k"], root=root)
+    assert params["task"]["dataset"]["path"] == "examples/gsm8k"
+    assert params["task"]["dataset"]["answer_extraction"] == "gsm8k"
+    with pytest.raises(ConfigError, match=r"-S task.dataset.answer_field_x=a: task.dataset.answer_field_x: unknown"):
+        profiles.resolve("small", ["task.dataset.path=examples/gsm8k", "task.dataset.answer_field_x=a"], root=root)
+
+
 @pytest.mark.parametrize(("sets", "message"), [
     (["sft.learning_rat=0.1"], r"-S sft.learning_rat=0.1: sft.learning_rat: unknown key"),
     (["sftt.seed=1"], r"sftt: unknown key"),
@@ -215,6 +225,7 @@ def test_params_that_fail_validation_exit_2_and_leave_params_yaml_as_it_was(proj
     assert proc.returncode == 2, proc.stderr
     assert "prm.sources: gold labels need the chart task's gold step values" in proc.stderr
     assert "set prm.sources: [mc, mcts]" in proc.stderr and "Traceback" not in proc.stderr
+    assert "params.yaml: profile" not in proc.stderr  # it was never rewritten for good
     assert (project / "params.yaml").read_text() == before
     assert not {"data", "models", "metrics"} & {p.name for p in project.iterdir()}  # (.dvc/: the run lock)
 
