@@ -31,17 +31,19 @@ def _resolution(args: argparse.Namespace) -> tuple[str, list[str]]:
     return recorded or profiles.DEFAULT, profiles.compact([*recorded_sets, *sets])
 
 
-def _write_params(args: argparse.Namespace) -> None:
-    """Rewrite params.yaml when a profile, -S or --seed was given (exit 2 on a bad one, nothing written)."""
+def _write_params(args: argparse.Namespace) -> str | None:
+    """Rewrite params.yaml when a profile, -S or --seed was given (exit 2 on a bad one, nothing written); a line
+    saying what it now holds, when rewritten."""
     from pipeline import profiles
 
     if args.profile is None and not args.set and args.seed is None:
-        return
+        return None
     profile, sets = _resolution(args)
     if profile not in profiles.names():
         raise profiles.unknown_profile(profile)
     if profiles.write(profile, sets):
-        print(f"params.yaml: profile {profile}" + (f", {' '.join(sets)}" if sets else ""), file=sys.stderr)
+        return f"params.yaml: profile {profile}" + (f", {' '.join(sets)}" if sets else "")
+    return None
 
 
 def _repro(args: argparse.Namespace) -> int:
@@ -100,7 +102,7 @@ def _repro_locked(args: argparse.Namespace) -> int:
 
         path = params_path()
         before = path.read_text() if path.exists() else None
-        _write_params(args)
+        written = _write_params(args)
         try:
             validate_all()  # fail on bad params before a server starts
         except Exception:  # params.yaml as it was: a run that fails validation changes nothing
@@ -109,6 +111,8 @@ def _repro_locked(args: argparse.Namespace) -> int:
             elif path.read_text() != before:
                 atomic_write_text(path, before)
             raise
+        if written:  # said once it stands, not before a refusal that puts the old file back
+            print(written, file=sys.stderr)
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
         os.environ["PREFECT_API_URL"] = api_url

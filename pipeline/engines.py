@@ -26,10 +26,15 @@ from pipeline.io import InputError
 INSTALL = "pip install -e '.[gpu]' on a CUDA machine (it installs vLLM through TRL's vllm extra)"
 
 
+# what a key asking for vLLM is set to when it is not to be had
+INSTEAD = {"generation.engine": "generation.engine: hf (the transformers decode loop)",
+           "grpo.use_vllm": "grpo.use_vllm: false (TRL generates with transformers)"}
+
+
 def require_vllm(key: str, path: Path | str = PARAMS_FILE) -> None:
     """Fails naming `key` when vLLM is not installed or no CUDA device is visible (vLLM's engine needs one)."""
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"{path}: {key}: vLLM is not installed here; {INSTALL}, or use the transformers engine")
+        raise ConfigError(f"{path}: {key}: vLLM is not installed here; {INSTALL}, or set {INSTEAD[key]}")
     import torch
 
     if not torch.cuda.is_available():

@@ -38,15 +38,16 @@ def test_vllm_without_a_cuda_device_says_what_it_found(monkeypatch):
 
 
 @pytest.mark.skipif(VLLM_HERE, reason="vLLM is installed here")
-@pytest.mark.parametrize("sets, key", [(["generation.engine=vllm"], "generation.engine"),
-                                       (["grpo.use_vllm=true"], "grpo.use_vllm")])
-def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key):
+@pytest.mark.parametrize("sets, key, instead", [(["generation.engine=vllm"], "generation.engine",
+                                                  "set generation.engine: hf"),
+                                                 (["grpo.use_vllm=true"], "grpo.use_vllm", "set grpo.use_vllm: false")])
+def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key, instead):
     from pipeline.profiles import render, resolve
     from tests.unit.test_profiles import ROOT
 
     path = tmp_path / "params.yaml"
     path.write_text(render(resolve("tiny", sets, root=ROOT), "tiny", sets))
-    with pytest.raises(ConfigError, match=f"{path}: {key}: vLLM is not installed here"):
+    with pytest.raises(ConfigError, match=f"{path}: {key}: vLLM is not installed here; .*, or {instead} "):
         validate_all(path)
 
 
