@@ -57,8 +57,10 @@ def wait_for_ranks() -> None:
         dist.barrier()
 
 
-# A rank other than 0: the throwaway folders that stand in for its atomic_dir outputs (it writes there alone).
+# A rank other than 0: the throwaway folders that stand in for its atomic_dir outputs (it writes there alone), in
+# the system's temporary folder as `pipeline-stand-in-<pid>-rank<r>-<output>-<random>`.
 _stand_ins: list[Path] = []
+STAND_IN = "pipeline-stand-in-"
 
 
 def _writes(path: Path | str) -> bool:
@@ -80,7 +82,8 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
     """
     final = Path(final)
     if rank() != 0:
-        stand_in = Path(tempfile.mkdtemp(prefix=f"pipeline-rank{rank()}-{final.name}-")).resolve()
+        _remove_stale(Path(tempfile.gettempdir()), (STAND_IN,))  # those of killed ranks
+        stand_in = Path(tempfile.mkdtemp(prefix=f"{STAND_IN}{os.getpid()}-rank{rank()}-{final.name}-")).resolve()
         _stand_ins.append(stand_in)
         try:
             yield stand_in

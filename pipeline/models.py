@@ -21,7 +21,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
 from pipeline import sharding
 from pipeline.config import BaseModelConfig, TeacherConfig, active_section
 from pipeline.flows import phase
-from pipeline.io import InputError
+from pipeline.io import InputError, rank
 
 DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}
 EOS = "<|endoftext|>"
@@ -208,13 +208,17 @@ def save_model(model, tokenizer, folder: Path) -> None:
     """Hugging Face format, safetensors weights, tokenizer beside them.
 
     A model sharded by FSDP is gathered whole first, by every rank; the ranks without the gathered weights (all
-    but global rank 0, which writes the stage's outputs) write nothing.
+    but global rank 0, which writes the stage's outputs) write nothing. Unsharded (DDP, ZeRO-2), every rank holds
+    the same weights and only rank 0 writes them: another rank's output folder is a throwaway stand-in, and N - 1
+    copies of a large model there would fill the temporary disk.
     """
     state = None
     if sharding.sharded(model):
         state = sharding.full_state_dict(model)
         if not state:
             return
+    elif rank() != 0:
+        return
     model.save_pretrained(folder, safe_serialization=True, state_dict=state)
     tokenizer.save_pretrained(folder)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import paths
+from pipeline import io, paths
 from tests.conftest import TINY_PARAMS, venv_env, write_params
 
 pytestmark = pytest.mark.e2e
@@ -72,7 +72,7 @@ def workspace(tmp_path_factory, prefect_api):
 
 
 def stand_ins() -> list[str]:
-    return sorted(p.name for p in Path(tempfile.gettempdir()).glob("pipeline-rank*"))
+    return sorted(p.name for p in Path(tempfile.gettempdir()).glob(f"{io.STAND_IN}*"))
 
 
 def launch_section(config: str | None) -> dict:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -124,6 +127,12 @@ def test_what_this_machine_cannot_run_fails_saying_what_was_found(tmp_path, monk
         launch.check(launch.plan_for("sft", LaunchConfig(num_processes=2)))  # what there is: runs
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
 def test_a_rank_other_than_0_writes_only_inside_its_stand_in_folders(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.delenv(io.LAUNCHED, raising=False)
@@ -136,6 +145,13 @@ def test_a_rank_other_than_0_writes_only_inside_its_stand_in_folders(tmp_path, m
         io.write_json(folder / "inside.json", {"a": 1})
         assert json.loads((folder / "inside.json").read_text()) == {"a": 1}  # it may read back what it wrote
     assert sorted(p.name for p in tmp_path.iterdir()) == [] and not folder.exists()
+    # a killed rank's stand-in (its PID gone) is removed by the next rank that makes one; a live one's stays
+    dead = _dead_pid()
+    left = Path(tempfile.mkdtemp(prefix=f"{io.STAND_IN}{dead}-rank1-sft-"))
+    alive = Path(tempfile.mkdtemp(prefix=f"{io.STAND_IN}{os.getpid()}-rank1-other-"))
+    with io.atomic_dir(tmp_path / "out") as folder:
+        assert not left.exists() and alive.exists()
+    shutil.rmtree(alive)
     monkeypatch.setenv("RANK", "0")
     io.write_json(tmp_path / "metrics.json", {"a": 1})
     with io.atomic_dir(tmp_path / "out") as folder:

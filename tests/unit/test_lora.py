@@ -108,6 +108,23 @@ def test_only_the_trained_adapter_is_saved(base, monkeypatch):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("save", ["merged", "adapter"])
+def test_a_rank_other_than_0_writes_no_weights(base, tmp_path, monkeypatch, save):
+    """Under DDP every rank holds the same weights and rank 0 writes them; another rank's output folder is a
+    throwaway stand-in, so a copy of the model there is only disk spent (N - 1 copies of it)."""
+    from pipeline import io
+
+    monkeypatch.chdir(base)
+    monkeypatch.setenv(io.LAUNCHED, "sft")
+    monkeypatch.setenv("RANK", "1")
+    cfg = LoraConfig(sft=True, r=2, save=save)
+    model, tokenizer = load_model("models/base", device="cpu")
+    kept = lora.save(lora.wrap(model, cfg, "sft"), tokenizer, tmp_path / "out", cfg, base="models/base")
+    save_model(model, tokenizer, tmp_path / "plain")
+    assert list(tmp_path.iterdir()) == []
+    assert lora.is_adapter(kept) == (save == "adapter")  # the model to go on with, as rank 0 has it
+
+
 def test_an_adapter_whose_base_is_missing_fails_naming_it(base, monkeypatch):
     from pipeline.io import InputError
 
