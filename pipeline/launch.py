@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -180,7 +181,7 @@ def run_ranks(plan: Plan, log=None) -> None:
     proc = subprocess.Popen(cmd, env=environment(plan), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)
     _running.append(proc)
-    errors, codes = [], []
+    errors, codes, ranks = [], [], []
     try:
         for line in proc.stdout:
             line = line.rstrip().rsplit("\r", 1)[-1].strip()  # a progress bar's last state
@@ -190,6 +191,7 @@ def run_ranks(plan: Plan, log=None) -> None:
             if line.startswith("error: "):
                 errors.append(line[len("error: "):])
             codes += re.findall(r"exitcode\s*:\s*(-?\d+)", line)
+            ranks += re.findall(r"^rank\s*:\s*(\d+)", line)  # torch elastic's failure summary: rank, then exitcode
         rc = proc.wait()
     finally:
         if proc.poll() is None:  # interrupted while the ranks run: they stop with the stage
@@ -197,10 +199,25 @@ def run_ranks(plan: Plan, log=None) -> None:
         _running.remove(proc)
     if rc == 0:
         return
-    reason = errors[-1] if errors else f"the launcher exited {rc} (its output is in the log above)"
+    reason = errors[-1] if errors else _failed_ranks(ranks, codes) or \
+        f"the launcher exited {rc} (its output is in the log above)"
     if "2" in codes:
         raise InputError(reason)
     raise StageFailed(f"{plan.stage}: a rank failed: {reason}")
+
+
+def _failed_ranks(ranks: list[str], codes: list[str]) -> str:
+    """'rank 1 killed by SIGKILL' from torch elastic's failure summary (a rank that printed no error of its own);
+    '' when the summary is not there."""
+    said = []
+    for each, code in zip(ranks, codes):
+        code = int(code)
+        try:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+        except ValueError:
+            how = f"exited {code}"
+        said.append(f"rank {each} {how}")
+    return "; ".join(said) + (" (its output is in the log above)" if said else "")
 
 
 def stop() -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -178,3 +179,37 @@ def test_fsdp_settings_the_stages_cannot_run_are_refused_by_name(tmp_path, monke
     if not torch.cuda.is_available():  # LoRA on another stage is no obstacle: the device is the next check
         with pytest.raises(ConfigError, match="accelerate runs on CUDA devices only"):
             launch.check(plan_with("sft"), LoraConfig(dpo=True))
+
+
+# torch elastic's failure summary, as the launcher prints it when a rank dies without a word of its own
+SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+stages.sft FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_12:38:05
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5482)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 5482
+============================================================"""
+
+
+def test_a_rank_killed_without_a_word_is_named_with_its_signal(monkeypatch):
+    """The stage's last line says which rank died and how, not only that the launcher exited 1."""
+    import logging
+
+    plan = launch.plan_for("sft", LaunchConfig(num_processes=2))
+    monkeypatch.setattr(launch, "command", lambda *a: [
+        sys.executable, "-c", f"import sys; print({SUMMARY!r}); sys.exit(1)"])
+    with pytest.raises(launch.StageFailed, match=r"^sft: a rank failed: rank 1 killed by SIGKILL \(its output"):
+        launch.run_ranks(plan, log=logging.getLogger("test"))
+    monkeypatch.setattr(launch, "command", lambda *a: [sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(launch.StageFailed, match=r"^sft: a rank failed: the launcher exited 3"):
+        launch.run_ranks(plan, log=logging.getLogger("test"))
