@@ -1058,7 +1058,7 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
     sections = {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}
-    check_task_fit(sections["task"], sections["prm"], path)
+    check_task_fit(sections["task"], sections["prm"], path, sections["rewards"])
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
@@ -1112,7 +1112,8 @@ def check_attention(model: ModelLoadConfig, path: Path | str = PARAMS_FILE) -> N
                           "not found here; sdpa or eager run anywhere")
 
 
-def check_task_fit(task: TaskConfig, prm: "PRMConfig", path: Path | str = PARAMS_FILE) -> None:
+def check_task_fit(task: TaskConfig, prm: "PRMConfig | None" = None, path: Path | str = PARAMS_FILE,
+                   rewards: "RewardsConfig | None" = None) -> None:
     """Params of other sections that the task cannot serve, each named (the stage that reads them checks too)."""
     problems = []
     path_given = task.dataset.path if task.dataset is not None else None
@@ -1120,9 +1121,15 @@ def check_task_fit(task: TaskConfig, prm: "PRMConfig", path: Path | str = PARAMS
         # DVC watches it (task.data_dependency): missing, `dvc repro` would fail on it, after deleting the outputs
         problems.append(f"task.dataset.path: {path_given}: no such file or folder (a local path: it starts with . / "
                         "or ~, or ends in .parquet, .jsonl, .json or .csv)")
-    if task.kind != "cof" and "gold" in prm.sources:
+    if task.kind != "cof" and prm is not None and "gold" in prm.sources:
         problems.append("prm.sources: gold labels need the chart task's gold step values; a dataset task's steps "
                         "are labelled mc (Monte-Carlo rollouts) and mcts: set prm.sources: [mc, mcts]")
+    if task.kind != "cof" and rewards is not None and "step_correctness" in rewards.weights:
+        # it would score no completion at all (None on every row), and TRL logs a warning for it every step
+        kept = {k: v for k, v in rewards.weights.items() if k != "step_correctness"} or {"accuracy": 1.0}
+        problems.append("rewards.weights: step_correctness matches the chart task's gold step values, which a "
+                        "dataset task has none of: set rewards.weights: {"
+                        + ", ".join(f"{k}: {v}" for k, v in kept.items()) + "}")
     if problems:
         raise ConfigError("\n".join(f"{path}: {p}" for p in problems))
 

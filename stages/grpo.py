@@ -20,7 +20,8 @@ import os
 import shutil
 
 from pipeline import launch, lora, paths, vllm_server
-from pipeline.config import GRPOStageConfig, LoraConfig, ModelLoadConfig, RewardsConfig, load_section
+from pipeline.config import (GRPOStageConfig, LoraConfig, ModelLoadConfig, RewardsConfig, TaskConfig, check_task_fit,
+                             load_section)
 from pipeline.engines import require_vllm
 from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
@@ -75,6 +76,7 @@ def main() -> None:
     with expected_errors():
         cfg = load_section("grpo", GRPOStageConfig)
         rewards = load_section("rewards", RewardsConfig)
+        check_task_fit(load_section("task", TaskConfig), rewards=rewards)  # `pipeline repro` checked; plain dvc not
         lora_cfg = load_section("lora", LoraConfig)
         server = contextlib.nullcontext()
         if cfg.use_vllm:

@@ -90,7 +90,8 @@ def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefe
     save_llama(tmp_path / "llama")
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {data}, answer_extraction: gsm8k}}", "task.answer_format=gsm8k",
-        "task.grader=math_verify", "prm.sources=[mc, mcts]", f"base.model={tmp_path / 'llama'}",
+        "task.grader=math_verify", "prm.sources=[mc, mcts]", "rewards.weights={accuracy: 1.0, format: 0.1}",
+        f"base.model={tmp_path / 'llama'}",
         "prompt={format: chat, system: Solve the problem step by step.}"])
     assert yaml.safe_load((repo / "params.yaml").read_text())["task"]["data_dependency"] == str(data)
 
@@ -136,7 +137,8 @@ def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_ap
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {tmp_path / 'math'}, prompt_field: problem, "
         "answer_field: solution, answer_extraction: boxed, val_fraction: 0.1}", "task.answer_format=boxed",
-        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc, mcts]"])
+        "task.grader=math_verify", "task.step_split=paragraph", "prm.sources=[mc, mcts]",
+        "rewards.weights={accuracy: 1.0, format: 0.1}"])
     # Up to sft's evaluation: what a MATH file changes (extraction, math-verify grading, paragraph steps, MC and
     # MCTS labels searched a paragraph at a time, PRM-reranked evaluation, PRM beam search and MCTS over
     # paragraphs). The RL stages after sft run on a dataset task in the GSM8K test above.
@@ -165,7 +167,7 @@ def test_a_bad_dataset_file_stops_the_run_with_exit_2_naming_its_line(tmp_path, 
     bad.write_text(json.dumps(generate(1, TEST_FRAMES, 1)[0]) + '\n{"question": "Two apples', encoding="utf-8")
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {tmp_path / 'data'}, answer_extraction: gsm8k}}",
-        "task.answer_format=gsm8k", "prm.sources=[mc, mcts]"])
+        "task.answer_format=gsm8k", "prm.sources=[mc, mcts]", "rewards.weights={accuracy: 1.0, format: 0.1}"])
     proc = sh([sys.executable, "-m", "pipeline", "repro", "synthesize"], repo, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]

@@ -115,6 +115,20 @@ def test_the_task_must_fit_the_prm_params():
     check_task_fit(TaskConfig(), PRMConfig())  # the chart task: all of it
 
 
+def test_the_task_must_fit_the_rewards():
+    """step_correctness would score nothing on a dataset task (no gold step values): refused, with what to set."""
+    from pipeline.config import RewardsConfig, check_task_fit
+
+    dataset = TaskConfig(kind="dataset", dataset={"path": "openai/gsm8k"})
+    with pytest.raises(ConfigError, match=r"rewards.weights: step_correctness matches the chart task's gold step "
+                                          r"values, .*: set rewards.weights: \{accuracy: 1.0, format: 0.1\}$"):
+        check_task_fit(dataset, rewards=RewardsConfig())  # the default: accuracy 1.0, format 0.1, step_correctness
+    with pytest.raises(ConfigError, match=r"set rewards.weights: \{accuracy: 1.0\}$"):
+        check_task_fit(dataset, rewards=RewardsConfig(weights={"step_correctness": 1.0}))
+    check_task_fit(dataset, rewards=RewardsConfig(weights={"accuracy": 1.0, "rule_shaping": 0.5}))
+    check_task_fit(TaskConfig(), rewards=RewardsConfig())
+
+
 def test_a_local_dataset_that_is_not_there_fails_validation(tmp_path):
     """DVC watches a local dataset (task.data_dependency): missing, `dvc repro` would fail on it after deleting
     the data stage's outputs, so validation names it first. A Hub id is not a path, and a present one passes."""
