@@ -117,7 +117,9 @@ def _run_rank(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """One rank of a launched stage: `body` as a plain call, its log lines marked with the rank; rank 0 (the one
     that wrote the outputs) then removes the run's checkpoints."""
     from pipeline.io import rank, wait_for_ranks
+    from pipeline.launch import watch_launcher
 
+    watch_launcher()
     logging.basicConfig(level=logging.INFO, format=f"[{name} rank {rank()}] %(message)s", stream=sys.stderr)
     with expected_errors():
         out = body(*args)

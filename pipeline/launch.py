@@ -206,6 +206,24 @@ def run_ranks(plan: Plan, log=None) -> None:
     raise StageFailed(f"{plan.stage}: a rank failed: {reason}")
 
 
+def watch_launcher(every: float = 1.0) -> None:
+    """Stop this rank (SIGKILL) once its launcher is gone. Torch elastic starts each rank in a session of its own,
+    so a SIGKILL to the run's process group (a scheduler ending the job) kills the launcher but not the ranks,
+    which would train on, orphaned, until a collective fails. A thread notices the new parent within `every` s."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def _failed_ranks(ranks: list[str], codes: list[str]) -> str:
     """'rank 1 killed by SIGKILL' from torch elastic's failure summary (a rank that printed no error of its own);
     '' when the summary is not there."""

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,28 @@ def test_a_rank_killed_without_a_word_is_named_with_its_signal(monkeypatch):
     monkeypatch.setattr(launch, "command", lambda *a: [sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(launch.StageFailed, match=r"^sft: a rank failed: the launcher exited 3"):
         launch.run_ranks(plan, log=logging.getLogger("test"))
+
+
+def test_a_rank_stops_when_its_launcher_is_killed(tmp_path):
+    """Torch elastic starts a rank in a session of its own, out of reach of a SIGKILL to the run's process group:
+    the rank watches its launcher and goes with it."""
+    from pipeline.runlock import running
+
+    ready = tmp_path / "watching"
+    rank_code = ("from pipeline.launch import watch_launcher; watch_launcher(0.1); import pathlib, time; "
+                 f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+    launcher = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen([sys.executable, '-c', {rank_code!r}], start_new_session=True); "
+        "print(p.pid, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    child = int(launcher.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:  # the rank has imported pipeline.launch: watching
+        time.sleep(0.1)
+    assert running(child) and ready.exists()
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(child)
