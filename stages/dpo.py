@@ -10,9 +10,10 @@ model into models/dpo/.
 
 from __future__ import annotations
 
+import os
 import shutil
 
-from pipeline import lora, paths
+from pipeline import launch, lora, paths
 from pipeline.config import DPOStageConfig, LoraConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
@@ -34,7 +35,8 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
         else:  # a policy with no right (or no wrong) rollouts: nothing to prefer; say so, keep the DAG going
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))
-            metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0}
+            metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0,
+                       "world_size": int(os.environ.get("WORLD_SIZE", 1)) if launch.in_rank() else 1}
         metrics.update(lora.summary(model, lora_cfg))
         stage_logger().info("dpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)

@@ -477,7 +477,8 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):
         metrics = json.loads(paths.metrics_file("dpo").read_text())
     finally:
         pairs_file.write_bytes(mined)
-    assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0}  # the SFT model, said so
+    assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0,
+                     "world_size": 1}  # the SFT model, said so
     assert metrics["pairs"] == 8 and metrics["weights_changed"] == 1.0
     assert metrics["steps"] == 2  # 8 pairs, batch 4, 1 epoch
     assert (paths.live_dir("dpo") / "plots" / "metrics" / "rewards" / "margins.tsv").exists()
