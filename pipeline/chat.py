@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.config import BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section
+from pipeline.config import BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section, is_local, watched
 
 _override: PromptConfig | None = None
 
@@ -94,7 +94,29 @@ def require_template(tokenizer, source: object = None) -> None:
     if not has_template(tokenizer):
         where = f"{source}: " if source is not None else ""
         raise ConfigError(f"{where}the tokenizer has no chat template; prompt.format chat needs one (use format raw, "
-                          "or a model whose tokenizer_config.json carries a chat_template)")
+                          "or a model whose tokenizer carries a chat_template: chat_template.jinja or tokenizer_config.json)")
+
+
+# A loadable model folder's weights: one safetensors file, its shards' index, or a LoRA adapter on a base
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_config.json")
+
+
+def _check_local_model(key: str, folder: Path, path: Path | str) -> None:
+    """A local model folder that the stages could not load, named now: missing, without safetensors weights, or
+    without tokenizer files (transformers would otherwise make up an empty tokenizer from the config alone)."""
+    if not folder.is_dir():
+        raise ConfigError(f"{path}: {key}: {folder}: no such folder (a path: it starts with . / or ~)")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        found = sorted(p.name for p in folder.iterdir())[:8]
+        hint = ("; pickled weights (.bin) are not loaded, as they can run code: convert them once with "
+                "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder)"
+                if any(name.endswith((".bin", ".pt", ".pth")) for name in found) else "")
+        raise ConfigError(f"{path}: {key}: {folder}: no model.safetensors (or its shards' index) in it; found "
+                          f"{', '.join(found) or 'nothing'}{hint}")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                                      "vocab.json")) and not (folder / "adapter_config.json").is_file():
+        raise ConfigError(f"{path}: {key}: {folder}: no tokenizer files (tokenizer.json, tokenizer_config.json); save "
+                          "the tokenizer beside the weights (tokenizer.save_pretrained(folder))")
 
 
 def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, teacher: TeacherConfig | None = None,
@@ -116,11 +138,14 @@ def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, 
     for key, source in loaded:
         if not source:
             continue
+        source = watched(source)  # `~` expanded, as the stages load it
+        if is_local(source):
+            _check_local_model(key, Path(source), path)
         try:
             AutoConfig.from_pretrained(source)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path}: {key}: {source!r} is not a model folder or a Hub id found here (HF_HUB_OFFLINE=1 "
-                              f"reads the local cache only): {exc}") from None
+            raise ConfigError(f"{path}: {key}: {source!r} is not a model folder or a Hub id found here "
+                              f"(HF_HUB_OFFLINE=1 reads the local cache only): {exc}") from None
         try:
             tokenizer = load_tokenizer(source)
         except (OSError, ValueError) as exc:

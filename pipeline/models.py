@@ -19,11 +19,15 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
                           Qwen2Config, Qwen2ForCausalLM)
 
 from pipeline import sharding
-from pipeline.config import BaseModelConfig, TeacherConfig, active_section
+from pipeline.config import BaseModelConfig, TeacherConfig, active_section, watched
 from pipeline.flows import phase
 from pipeline.io import InputError, rank
 
 DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}
+# What a model to be trained loads as, whatever `model.dtype`: AdamW on bfloat16 weights rounds away any update
+# below about 1/256 of a weight (a pretrained model's 1e-5 learning rate moved 7% of its elements); the trainers
+# compute in bfloat16 on a GPU by autocast instead (training.device_args).
+MASTER_DTYPE = torch.float32
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 
@@ -139,8 +143,9 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     come back split (" ", "1", "5"). tokenizer.json is the definition that was trained.
     Without one (slow tokenizer files only) AutoTokenizer converts what there is.
     """
+    path = watched(str(path))  # `~` expanded
     try:
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
+        return PreTrainedTokenizerFast.from_pretrained(path)
     except ValueError:  # no tokenizer.json; OSError (nothing there, offline) propagates, not retried twice
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=active_section("model").trust_remote_code)
 
@@ -160,6 +165,7 @@ def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
 def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
     """The causal LM in `path` (on the CPU). A LoRA adapter folder (`lora.save: adapter`) loads its base (the
     folder its adapter_config.json names, itself possibly an adapter) and folds the adapter into it."""
+    path = watched(str(path))  # `~` expanded
     adapter = Path(path) / "adapter_config.json"
     if not adapter.is_file():
         return AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs(dtype))

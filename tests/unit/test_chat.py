@@ -161,13 +161,26 @@ def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok):
     raw = PromptConfig(format="raw")
     (tmp_path / "tokenizer_only").mkdir()
     tok.save_pretrained(tmp_path / "tokenizer_only")
-    for folder, message in ((tmp_path / "absent", "is not a model folder or a Hub id found here"),
-                            (tmp_path / "tokenizer_only", "is not a model folder or a Hub id found here")):
-        with pytest.raises(ConfigError, match=rf"base\.model: '{folder}' {message}"):
-            chat.check_models(raw, base=BaseModelConfig(model=str(folder)))
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                           max_position_embeddings=64), tok)
+    (tmp_path / "config_only").mkdir()
+    model.config.save_pretrained(tmp_path / "config_only")  # transformers would make up an empty tokenizer
+    (tmp_path / "bin_only").mkdir()
+    model.config.save_pretrained(tmp_path / "bin_only")
+    tok.save_pretrained(tmp_path / "bin_only")
+    torch.save(model.state_dict(), tmp_path / "bin_only" / "pytorch_model.bin")
+    save_model(model, tok, tmp_path / "no_tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "no_tokenizer" / name).unlink()
+    for folder, message in (
+            (tmp_path / "absent", ": no such folder"),
+            (tmp_path / "tokenizer_only", ": no model.safetensors .*; found chat_template.jinja, tokenizer.json, tokenizer_config.json$"),
+            (tmp_path / "config_only", ": no model.safetensors .*; found config.json$"),
+            (tmp_path / "bin_only", ": no model.safetensors .*pickled weights .*convert them once"),
+            (tmp_path / "no_tokenizer", ": no tokenizer files")):
+        with pytest.raises(ConfigError, match=rf"base\.model: {folder}{message}"):
+            chat.check_models(raw, base=BaseModelConfig(model=str(folder)))
     tok.pad_token = tok.eos_token = None
     save_model(model, tok, tmp_path / "no_pad")
     with pytest.raises(ConfigError, match=r"teacher\.model: the tokenizer of .*no_pad' has neither a pad nor an EOS"):
