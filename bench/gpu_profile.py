@@ -116,6 +116,16 @@ def mfu(parameters: int, tokens_per_second: float, rates: dict) -> dict:
     return {"model_tflops": round(flops, 2), **{f"mfu_vs_{k}": round(flops / v, 4) for k, v in rates.items() if v}}
 
 
+def trainable(model):
+    """A copy in float32, as the training stages load a model (`pipeline.models.MASTER_DTYPE`): the trainer then
+    computes in bfloat16 by autocast on a GPU while AdamW updates float32 weights."""
+    import copy
+
+    from pipeline.models import MASTER_DTYPE
+
+    return copy.deepcopy(model).to(MASTER_DTYPE)
+
+
 def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: int, warmup: int) -> dict:
     from trl import SFTTrainer
 
@@ -123,6 +133,7 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
     from pipeline.training import prompt_completion_dataset, trainer_args
 
     cfg = SFTConfig(**profile["sft"])
+    model = trainable(model)
     batch = cfg.per_device_train_batch_size
     if cfg.torch_compile:  # the first step compiles, the next new batch length recompiles with dynamic shapes
         warmup = max(warmup, 5)
@@ -221,6 +232,7 @@ def grpo(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: 
     cfg = GRPOStageConfig(**{**profile["grpo"], "max_steps": steps, "logging_steps": 1, "guided_replay": False})
     clock = step_clock()
     rl.dvclive_callback = lambda live_dir: clock  # times the steps; the curves are not measured here
+    model = trainable(model)
     model.train()
     rl_rows = [{"id": r["id"], "prompt": r["prompt"], "answer": r["answer"], "answer_type": r["answer_type"],
                 "rationale": r["rationale"], "step_values": [s["value"] for s in r["steps"] if s["value"]]}

@@ -796,8 +796,9 @@ class ModelLoadConfig(Section):
     """`model`: how every stage loads a model (the student, the policies between stages, a Hub teacher, the PRM)."""
 
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "float32", description="weights as loaded: auto keeps each checkpoint's own dtype (bfloat16 for most Hub "
-        "models); float32 trains and samples on any CPU")
+        "float32", description="weights as the sampling stages load them: auto keeps each checkpoint's own dtype "
+        "(bfloat16 for most Hub models); float32 samples on any CPU. Training stages keep float32 master weights "
+        "(bfloat16 autocast on a GPU) and save float32: a 1e-5 update is below bfloat16's resolution")
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
         None, description="attention kernel (null: transformers' choice, sdpa where it can; flash_attention_2 needs "
         "the flash-attn package and a GPU)")
@@ -1007,7 +1008,9 @@ def _format_errors(path: Path, name: str, exc: ValidationError) -> str:
             lines.append(f"{path}: {key}: unknown key")
         else:
             # a key pasted into api_key_env must not be echoed into logs
-            got = "" if key.endswith("api_key_env") else f" (got {err.get('input')!r})"
+            # and a whole section (a check across its keys) is no help echoed back
+            got = "" if key.endswith("api_key_env") or isinstance(err.get("input"), dict) else \
+                f" (got {err.get('input')!r})"
             lines.append(f"{path}: {key}: {err['msg']}{got}")
     return "\n".join(lines)
 

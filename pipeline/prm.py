@@ -315,9 +315,9 @@ def prm_from_policy(path: Path | str, extra_layers: int = 0):
     identity (its attention and MLP outputs zeroed), so the untrained PRM reads
     exactly as the policy does and training decides what the new depth adds.
     """
-    from pipeline.models import load_weights
+    from pipeline.models import MASTER_DTYPE, load_weights
 
-    model = load_weights(path)
+    model = load_weights(path, MASTER_DTYPE)
     if extra_layers:
         model = _deepened(model, extra_layers)
     setattr(model.config, PRM_MARK, "next_token")

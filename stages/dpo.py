@@ -17,7 +17,7 @@ from pipeline import launch, lora, paths
 from pipeline.config import DPOStageConfig, LoraConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import load_model
+from pipeline.models import MASTER_DTYPE, load_model
 from pipeline.training import dpo_train
 
 PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")], "distill": [paths.split_file("pairs", stage="distill")]}
@@ -27,11 +27,15 @@ PAIR_FILES["both"] = PAIR_FILES["mine"] + PAIR_FILES["distill"]
 def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
     files = PAIR_FILES[cfg.pairs]
     pairs = [row for f in files for row in read_rows(f, required=("prompt", "chosen", "rejected", "source"))]
-    model, tokenizer = load_model(paths.model_dir("sft"))
+    model, tokenizer = load_model(paths.model_dir("sft"), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "dpo", cfg.seed) if pairs else model
     with atomic_dir(paths.model_dir("dpo")) as out, atomic_dir(paths.live_dir("dpo")) as live:
         if pairs:
             metrics = {"source": cfg.pairs, **dpo_train(cfg, model, tokenizer, pairs, out / ".trainer", live)}
+            if metrics["steps"] and not metrics["weights_changed"]:  # e.g. one step, still in its warm-up (lr 0)
+                stage_logger().warning("dpo: %d pairs gave %d step(s), which left the weights as they were (the "
+                                       "learning rate is 0 in the first warm-up step, dpo.warmup_steps %s)",
+                                       len(pairs), metrics["steps"], cfg.warmup_steps)
         else:  # a policy with no right (or no wrong) rollouts: nothing to prefer; say so, keep the DAG going
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))

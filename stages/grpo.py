@@ -27,7 +27,7 @@ from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
 from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
-from pipeline.models import load_model
+from pipeline.models import MASTER_DTYPE, load_model
 from pipeline.rl import RL_COLUMNS, rl_train, success_amplification
 
 RL_SET = paths.split_file("rl", stage="mine")
@@ -55,7 +55,7 @@ def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) ->
         raise InputError(f"{RL_SET}: no prompts to train on (mine.repeat_* exclude every bucket?)")
     pool = read_rows(POOL, required=("prompt", "answer", "answer_type", "pass_rate"))
     p0 = sum(r["pass_rate"] for r in pool) / max(len(pool), 1)
-    model, tokenizer = load_model(paths.model_dir("sft"))
+    model, tokenizer = load_model(paths.model_dir("sft"), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "grpo", cfg.seed)
     with atomic_dir(paths.model_dir("grpo")) as out, atomic_dir(paths.live_dir("grpo")) as live:
         metrics = rl_train(cfg, rewards, model, tokenizer, rows, out / ".trainer", live)

@@ -81,6 +81,11 @@ def _flow(cfg: MineConfig) -> None:
         "mine: p0 %.3f on %d prompts, buckets %s, %d RL rows, %d pairs",
         metrics["p0"], metrics["pool_prompts"], metrics["buckets"], metrics["rl_rows"], metrics["preference_pairs"],
     )
+    completions = metrics["pool_prompts"] * metrics["rollouts"]
+    if completions and metrics["policy_tokens"] <= 2 * completions:  # a token or two each: EOS comes first
+        stage_logger().warning("mine: the policy's %d completions have %d tokens in all: it stops at once. A chat "
+                               "model on raw prompts does that (prompt.format: chat), or a model that never learnt "
+                               "the task's answers", completions, metrics["policy_tokens"])
     if not tables["rl.parquet"][0]:
         stage_logger().warning("mine: the RL set is empty (every bucket excluded or empty); grpo will refuse it")
     with atomic_dir(paths.stage_data("mine")) as out:

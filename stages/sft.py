@@ -35,7 +35,7 @@ from pipeline.config import (DistillConfig, LoraConfig, ModelLoadConfig, RankDri
 from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
-from pipeline.models import default_device, load_model
+from pipeline.models import MASTER_DTYPE, default_device, load_model
 from pipeline.task_data import gold_rows
 from pipeline.training import logit_distill, sft_train
 
@@ -146,7 +146,7 @@ def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_
     train_cfg, mixed, temporal = mix_rows(cfg, rows)  # mix 0: (cfg, rows, 0), phase 1 as before
     if cfg.mix > 0:
         files.append(paths.animate_questions())
-    model, tokenizer = load_model(paths.model_dir("base"))
+    model, tokenizer = load_model(paths.model_dir("base"), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "sft", cfg.seed)
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
         metrics = run(cfg, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,

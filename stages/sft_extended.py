@@ -21,7 +21,7 @@ from pipeline import chat, paths
 from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import InputError, atomic_dir, read_json, read_rows, write_json, write_manifest
-from pipeline.models import load_model, save_model
+from pipeline.models import MASTER_DTYPE, load_model, save_model
 from pipeline.task_data import gold_rows
 from pipeline.training import sft_train
 
@@ -51,7 +51,7 @@ def _flow(cfg: SFTExtendedConfig, sft: SFTConfig) -> None:
     train_file, val_file = paths.split_file("train"), paths.split_file("val")
     rows = gold_rows(sft.rationale_share)  # the rows SFT had: the compute-matched baseline sees no more rationales
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
-    model, tokenizer = load_model(paths.model_dir("sft"))
+    model, tokenizer = load_model(paths.model_dir("sft"), dtype=MASTER_DTYPE)
     per_step = tokens_per_step(tokenizer, rows, sft)
     steps = planned_steps(target, per_step)
     with atomic_dir(paths.model_dir("sft_extended")) as out, atomic_dir(paths.live_dir("sft_extended")) as live:

@@ -446,6 +446,35 @@ def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
     assert metrics["steps"] == metrics["planned_steps"] and metrics["weights_changed"] == 1.0
 
 
+def test_a_bfloat16_model_section_trains_float32_master_weights(workspace):
+    """model.dtype: bfloat16 is how the sampling stages load; a trainer keeps float32 weights, or AdamW's small
+    updates (a pretrained model's 1e-5) round away in bfloat16: most elements would not move at all."""
+    import shutil
+
+    import yaml
+
+    from stages import sft_extended
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    before = load_file(paths.model_dir("sft") / "model.safetensors")
+    metrics = json.loads(paths.metrics_file("sft_extended").read_text())
+    kept = paths.model_dir("sft_extended").parent / "sft_extended.kept"
+    shutil.copytree(paths.model_dir("sft_extended"), kept)
+    try:
+        write_params(Path("."), {**params, "model": {"dtype": "bfloat16"},
+                                 "sft_extended": {**params["sft_extended"], "learning_rate": 1e-5}})
+        sft_extended.main()
+        after = load_file(paths.model_dir("sft_extended") / "model.safetensors")
+    finally:
+        write_params(Path("."), params)
+        shutil.rmtree(paths.model_dir("sft_extended"))
+        kept.rename(paths.model_dir("sft_extended"))
+        paths.metrics_file("sft_extended").write_text(json.dumps(metrics))
+    assert {t.dtype for t in after.values()} == {torch.float32}
+    moved = sum(int((after[k] != before[k]).sum()) for k in before) / sum(t.numel() for t in before.values())
+    assert moved > 0.9  # in bfloat16, 1e-5 steps moved 7% of a pretrained model's elements
+
+
 def test_sft_extended_steps_by_hand():
     from stages.sft_extended import planned_steps
 

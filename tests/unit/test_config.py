@@ -108,7 +108,8 @@ def test_a_key_pasted_into_api_key_env_is_refused_and_not_echoed(tmp_path):
 @pytest.mark.parametrize(
     ("section", "values", "message"),
     [
-        ("teacher", {"backend": "openai", "model": "m"}, "base_url"),
+        ("teacher", {"backend": "openai", "model": "m"}, r"teacher: Value error, backend openai needs `base_url` and "
+                                                         r"`model`$"),  # the section itself not echoed back
         ("teacher", {"backend": "transformers"}, "needs `model`"),
         ("teacher", {"backend": "vllm"}, "teacher.backend"),
         ("distill", {"k": 2, "max_traces": 3}, "max_traces"),
