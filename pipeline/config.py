@@ -763,6 +763,15 @@ class DatasetConfig(Section):
                                      "(quarantined) above which reading fails")
 
     @model_validator(mode="after")
+    def _our_splits(self) -> "DatasetConfig":
+        # at validation, before `dvc repro` deletes the data stage's outputs (the dataset's own names are checked
+        # when it is read)
+        if unknown := [ours for ours in self.splits if ours not in ("train", "val", "test", "ood")]:
+            raise ValueError(f"splits: {', '.join(unknown)}: not one of our splits (train, val, test, ood); each key "
+                             "is ours, each value the dataset's split or file stem")
+        return self
+
+    @model_validator(mode="after")
     def _regex_given(self) -> "DatasetConfig":
         if self.answer_extraction == "regex":
             if not self.answer_regex:

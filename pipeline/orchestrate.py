@@ -137,11 +137,15 @@ def models_markdown(root: Path = paths.METRICS) -> str:
     prm_file = root / "prm.json"
     if prm_file.exists():
         p = json.loads(prm_file.read_text())
-        lines += ["", f"PRM on held-out gold step labels ({p['held_out']['lines']} lines): AUROC {p.get('auroc')} "
+        # the labels are the chart task's gold values, or Monte-Carlo (mc, mcts) ones on a dataset task
+        sources = list(p.get("sources", {}))
+        labels = "gold" if "gold" in sources else " and ".join(sources)
+        within = p["held_out"].get("within_question", {})
+        lines += ["", f"PRM on held-out step labels ({labels}; {p['held_out']['lines']} lines): AUROC {p.get('auroc')} "
                       f"(steps {p['held_out'].get('auroc_steps')}, answers {p['held_out'].get('auroc_answers')}), "
                       f"accuracy {p.get('accuracy')}, ECE {p.get('ece')}; within one question, a right answer "
-                      f"ranked above a wrong one in {p['held_out'].get('within_question', {}).get('pair_accuracy_mean')} "
-                      "of pairs (mean of line scores; 0.5 is chance)."]
+                      f"ranked above a wrong one in {within.get('pair_accuracy_mean')} of {within.get('pairs')} "
+                      "pairs (mean of line scores; 0.5 is chance)."]
     grpo_file = root / "grpo.json"
     if grpo_file.exists():
         g = json.loads(grpo_file.read_text())

@@ -211,7 +211,6 @@ def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph", log: Ca
     unread, cut or dropped."""
     log = log or (lambda message: None)
     source = load_source(cfg)
-    _check_fields(source, cfg)
     for ours, theirs in cfg.splits.items():
         if ours not in SPLITS:
             raise InputError(f"task.dataset.splits: {ours}: not one of our splits ({', '.join(SPLITS)})")
@@ -226,6 +225,8 @@ def read_task_dataset(cfg: DatasetConfig, step_split: str = "paragraph", log: Ca
                          "val or test; map them with task.dataset.splits (e.g. {train: <name>, test: <name>})")
     if unread := [s for s in source if s not in {theirs for _, theirs in chosen}]:
         log(f"task.dataset: not read: {', '.join(unread)} (no split of ours; map them with task.dataset.splits)")
+    # the splits read only: a folder's dataset_info.json or an unlabelled split need not have the fields
+    _check_fields({theirs: source[theirs] for _, theirs in chosen}, cfg)
     rows_by_split: dict[str, list[dict]] = {}
     quarantine: list[dict] = []
     total = 0

@@ -54,6 +54,13 @@ def test_a_regex_extraction_needs_a_valid_regex():
         parse_section("dataset", DatasetConfig, {"path": "x", "answer_extraction": "regex", "answer_regex": "("})
 
 
+def test_split_keys_are_ours_at_validation():
+    """Checked with the params, before `dvc repro` deletes the data stage's outputs to run it."""
+    with pytest.raises(ConfigError, match=r"dataset: Value error, splits: validation: not one of our splits"):
+        parse_section("dataset", DatasetConfig, {"path": "x", "splits": {"train": "train", "validation": "dev"}})
+    assert parse_section("dataset", DatasetConfig, {"path": "x", "splits": {"val": "dev"}}).splits == {"val": "dev"}
+
+
 def test_steps_are_paragraphs_or_lines():
     text = "First we add.\nThen carry.\n\n  Finally   divide.\n"
     assert split_steps(text, "paragraph") == ["First we add. Then carry.", "Finally divide."]
@@ -182,6 +189,20 @@ def test_a_missing_field_is_named_with_the_fields_that_exist(tmp_path):
     with pytest.raises(InputError, match=r"task.dataset.prompt_field: 'question' is not a field of .*m.jsonl.*"
                                          r"its fields: problem, solution"):
         read_task_dataset(DatasetConfig(path=str(path), answer_field="solution"))
+
+
+def test_a_file_beside_the_splits_that_is_not_read_needs_no_fields(tmp_path):
+    """A folder's dataset_info.json (or an unlabelled split) is left unread and said so; its fields are not checked."""
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "train.jsonl", MATH_ROWS[1:])
+    write_jsonl(tmp_path / "d" / "test.jsonl", MATH_ROWS[:1])
+    (tmp_path / "d" / "dataset_info.json").write_text(json.dumps({"description": "x", "license": "y"}))
+    said = []
+    splits, _ = read_task_dataset(DatasetConfig(path=str(tmp_path / "d"), prompt_field="problem",
+                                                answer_field="solution", answer_extraction="boxed", val_fraction=0.0),
+                                  log=said.append)
+    assert len(splits["train"]) == 1 and len(splits["test"]) == 1
+    assert any("not read: dataset_info" in line for line in said)
 
 
 def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
