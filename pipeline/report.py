@@ -87,8 +87,9 @@ def _difference(v: dict | None) -> str:
 def generalisation(evaluations: dict[str, dict]) -> tuple[list[str], list[str], dict[str, list[list[float | None]]]]:
     """(row names "model / strategy", task types, {"in-domain (test)": grid, "out-of-domain (ood)": grid})."""
     rows, grids = [], {"in-domain (test)": [], "out-of-domain (ood)": []}
+    # a dataset task's rows have one task type, "all": it is the last column already
     tasks = sorted({t for m in evaluations.values() for d in m.get("decoding", {}).values()
-                    for key in ("by_task_type", "by_task_type_ood") for t in d.get(key, {})})
+                    for key in ("by_task_type", "by_task_type_ood") for t in d.get(key, {})} - {"all"})
     for model, m in evaluations.items():
         for strategy, d in m.get("decoding", {}).items():
             rows.append(f"{model} / {strategy}")

@@ -249,6 +249,16 @@ def test_reversed_trends_and_their_inconsistency_rule():
         inconsistency([], "colour")
 
 
+def test_the_generalisation_table_of_a_dataset_task_has_one_all_column():
+    """A dataset task's questions all have the task type "all": no second column beside the table's own."""
+    from pipeline.report import generalisation_markdown
+
+    table = generalisation_markdown({"sft": {"decoding": {"greedy": {
+        "accuracy": 0.5, "by_task_type": {"all": 0.5}, "accuracy_ood": None, "by_task_type_ood": {}}}}})
+    lines = table.splitlines()
+    assert "| model / strategy | all |" in lines and "| sft / greedy | 0.50 / - |" in lines
+
+
 def test_report_tables_each_model_with_both_faithfulness_probes():
     from pipeline.report import decoding_markdown
 
