@@ -16,6 +16,8 @@ from typing import Annotated, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.paths import SPLITS
+
 PARAMS_FILE = "params.yaml"
 
 
@@ -766,8 +768,8 @@ class DatasetConfig(Section):
     def _our_splits(self) -> "DatasetConfig":
         # at validation, before `dvc repro` deletes the data stage's outputs (the dataset's own names are checked
         # when it is read)
-        if unknown := [ours for ours in self.splits if ours not in ("train", "val", "test", "ood")]:
-            raise ValueError(f"splits: {', '.join(unknown)}: not one of our splits (train, val, test, ood); each key "
+        if unknown := [ours for ours in self.splits if ours not in SPLITS]:
+            raise ValueError(f"splits: {', '.join(unknown)}: not one of our splits ({', '.join(SPLITS)}); each key "
                              "is ours, each value the dataset's split or file stem")
         return self
 
