@@ -12,7 +12,9 @@
 - **Resume** (`repro.resume`): a run whose key has a complete checkpoint (its `trainer_state.json`, written
   last, parses) continues from the newest: transformers restores weights (safetensors), optimizer,
   scheduler and RNG states (loaded with `torch.load(weights_only=True)`) and skips the batches already
-  trained, so the remaining steps see the same data in the same order.
+  trained, so the remaining steps see the same data in the same order. Each checkpoint also holds the sum
+  of the step losses so far (`LOSS_FILE`): transformers averages `training_loss` over the resumed steps only,
+  so `train` puts the earlier steps back and a resumed run reports an uninterrupted one's `train_loss`.
 
 Out of scope: the custom loops of `pipeline/drills.py` (the table drills, a few seconds each) neither
 checkpoint nor resume; they re-run from their start.
@@ -37,6 +39,7 @@ from pipeline.io import StageFailed
 
 ROOT = Path(".checkpoints")
 KEEP = 2  # checkpoints kept per run: the newest may be half-written when a kill lands inside a save
+LOSS_FILE = "pipeline_loss_sum.json"  # in each checkpoint: the sum of its steps' losses, for `train_loss`
 
 _finished: list[Path] = []  # checkpoint folders of runs that trained to the end, removed when the stage completes
 
@@ -61,13 +64,45 @@ def train(trainer, stage_cfg: Any, label: str | None = None):
         args.save_only_model = False
         if repro.resume:
             resume_from = latest(folder)
-    guard(trainer, label, folder)
+    earlier = _loss_sum(resume_from) if resume_from is not None else 0.0
+    losses = guard(trainer, label, folder)
+    if folder is not None:
+        trainer.add_callback(_SaveLossSum(losses, earlier))
     if resume_from is not None:
         _log(f"{label}: resuming from {resume_from} (step {_step_of(resume_from)})")
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if folder is not None:
         _finished.append(folder)
+    if resume_from is not None and earlier is not None and result.global_step:
+        # transformers' mean covers the steps of this call only (global_step minus the checkpoint's step)
+        now = result.global_step - _step_of(resume_from)
+        result = result._replace(training_loss=(earlier + result.training_loss * now) / result.global_step)
     return result
+
+
+def _loss_sum(checkpoint: Path) -> float | None:
+    """The sum of the step losses up to `checkpoint` (None: a checkpoint saved before this file existed, whose
+    resumed run then reports transformers' mean over the resumed steps)."""
+    try:
+        return float(json.loads((checkpoint / LOSS_FILE).read_text())["loss_sum"])
+    except (OSError, ValueError, KeyError, TypeError):
+        _log(f"{checkpoint} holds no {LOSS_FILE}: train_loss will average the resumed steps only")
+        return None
+
+
+class _SaveLossSum(TrainerCallback):
+    """Writes `earlier` plus this call's step losses into every checkpoint (global rank 0; the loss is its own,
+    as transformers' final mean is)."""
+
+    def __init__(self, losses: list, earlier: float | None) -> None:
+        self.losses, self.earlier = losses, earlier
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.earlier is None or not state.is_world_process_zero:
+            return
+        total = self.earlier + (self.losses[0].item() if self.losses else 0.0)
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / LOSS_FILE
+        path.write_text(json.dumps({"loss_sum": total, "step": state.global_step}))
 
 
 def stage_completed() -> None:
@@ -110,10 +145,12 @@ def _step_of(path: Path) -> int:
     return int(path.name.rsplit("-", 1)[1])
 
 
-def guard(trainer, label: str, folder: Path | None) -> None:
+def guard(trainer, label: str, folder: Path | None) -> list:
     """Stop `trainer` with `Diverged` at the first non-finite loss or gradient norm (and host the fault hooks
-    `kill@step:N` and `nan@step:N`)."""
+    `kill@step:N` and `nan@step:N`). Returns a list that holds, once a step has run, the running sum of the
+    micro-batch losses on the device (what transformers sums into `training_loss`; no sync per step)."""
     original = trainer.training_step
+    running: list = []
 
     def checked_step(*args, **kwargs):
         step = trainer.state.global_step + 1
@@ -124,10 +161,12 @@ def guard(trainer, label: str, folder: Path | None) -> None:
         loss = original(*args, **kwargs)
         if not torch.isfinite(loss.detach()).all():
             raise Diverged(_diverged(label, "loss", loss.detach().float().mean().item(), step, folder))
+        running[:] = [running[0] + loss.detach().float() if running else loss.detach().float()]
         return loss
 
     trainer.training_step = checked_step
     trainer.add_callback(_FiniteGradients(label, folder))
+    return running
 
 
 class _FiniteGradients(TrainerCallback):

@@ -1,7 +1,8 @@
 """Resume and the divergence guard on a real TRL run (tests/faults/sft_run.py: 8 SFT steps of a tiny model).
 
 Killed at step 6 with a checkpoint every 2 steps, the next run continues from step 4's checkpoint and trains
-exactly steps 5 to 8 on the same batches (every step's loss equals an uninterrupted run's); a changed run never
+exactly steps 5 to 8 on the same batches (every step's loss, and the run's mean `train_loss`, equal an
+uninterrupted run's); a changed run never
 resumes an old one; checkpoint state loads with weights_only; a NaN at step 5 stops the run naming the step and
 keeps step 4's checkpoint.
 """
@@ -34,11 +35,11 @@ def losses(folder: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[int, float]:
+def uninterrupted(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("whole")
     assert run(folder, 0).returncode == 0
     assert not (folder / ".checkpoints").exists()  # checkpoint_steps 0: none
-    return losses(folder)
+    return folder
 
 
 def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order_and_a_changed_one_does_not(
@@ -47,14 +48,21 @@ def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order
     assert killed.returncode == -signal.SIGKILL
     (folder,) = (tmp_path / ".checkpoints").iterdir()
     assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    saved = json.loads((folder / "checkpoint-4" / "pipeline_loss_sum.json").read_text())["loss_sum"]
+    assert saved == pytest.approx(sum(losses(uninterrupted)[s] for s in range(1, 5)), rel=1e-4)  # steps 1-4
 
     resumed = run(tmp_path, 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert sorted(losses(tmp_path)) == [5, 6, 7, 8]  # steps 1-4 came from the checkpoint, none trained twice
     assert out["metrics"]["steps"] == 8
+    whole = json.loads((uninterrupted / "out.json").read_text())
     for step, loss in losses(tmp_path).items():  # the same batches in the same order: the same losses
-        assert loss == pytest.approx(uninterrupted[step], rel=1e-5, abs=1e-6), step
+        assert loss == pytest.approx(losses(uninterrupted)[step], rel=1e-5, abs=1e-6), step
+    # the mean over all 8 steps, not transformers' over the 4 resumed ones
+    assert out["metrics"]["train_loss"] == pytest.approx(whole["metrics"]["train_loss"], abs=2e-4)
+    later = sum(losses(tmp_path).values()) / 4
+    assert abs(later - whole["metrics"]["train_loss"]) > 1e-3  # the check can fail: the resumed steps' mean differs
     assert out["loads"] and all(w is True for w in out["loads"]), out["loads"]  # optimizer, scheduler, RNG
 
     # the run's checkpoints are still there (outside a stage nothing removes them), but a changed run, another
