@@ -33,7 +33,7 @@ from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.flows import phase
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
-from pipeline.training import device_kwargs, dvclive_callback, snapshot, weights_changed, world
+from pipeline.training import changed, device_kwargs, dvclive_callback, snapshot, world
 
 RL_COLUMNS = ("id", "prompt", "answer", "answer_type", "step_values", "rationale")
 
@@ -285,7 +285,7 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         "accuracy_reward_first": round(first.get("rewards/accuracy/mean", float("nan")), 4),
         "accuracy_reward_last": round(last.get("rewards/accuracy/mean", float("nan")), 4),
         "kl_last": round(last.get("kl", 0.0), 5),
-        "weights_changed": round(weights_changed(before, model), 3),
+        **changed(before, model),
         **world(trainer),
     }
     if rollout.replay:

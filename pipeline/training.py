@@ -47,18 +47,31 @@ def snapshot(model) -> dict[str, torch.Tensor]:
 
 
 def weights_changed(before: dict[str, torch.Tensor], model) -> float:
-    """Share of parameter tensors that differ from `before` (0.0: training did nothing).
+    """Share of parameter tensors that differ from `before` (0.0: training did nothing); see `changed`."""
+    return changed(before, model)["weights_changed"]
+
+
+def changed(before: dict[str, torch.Tensor], model) -> dict[str, float]:
+    """How much of the model training moved: `weights_changed`, the share of parameter tensors that differ from
+    `before`, and `elements_changed`, the share of their elements (a tensor counts as changed when one element
+    did; updates that round away in a low precision leave most elements as they were).
 
     `before` is a CPU snapshot (`snapshot`); the model may be on the GPU (where a trainer moved it, or where it
     was loaded), so each of its tensors comes to the CPU to be compared. Sharded by FSDP, the weights are gathered
-    (every rank calls this) and only global rank 0, which writes the metrics, gets them and the share; the others
-    get 0.0.
+    (every rank calls this) and only global rank 0, which writes the metrics, gets them and the shares; the
+    others get 0.0.
     """
     after = sharding.full_state_dict(model) if sharding.sharded(model) else model.state_dict()
     if not after:
-        return 0.0
-    changed = sum(not torch.equal(before[k], after[k].cpu()) for k in before)
-    return changed / max(len(before), 1)
+        return {"weights_changed": 0.0, "elements_changed": 0.0}
+    tensors = elements = total = 0
+    for k, old in before.items():
+        moved = int((old != after[k].cpu()).sum())
+        tensors += moved > 0
+        elements += moved
+        total += old.numel()
+    return {"weights_changed": round(tensors / max(len(before), 1), 3),
+            "elements_changed": round(elements / max(total, 1), 3)}
 
 
 def world(trainer) -> dict:
@@ -192,7 +205,7 @@ def sft_train(
         "examples": len(train),
         "train_seconds": round(seconds, 1),
         "tokens_per_second": round(tokens / seconds, 1),
-        "weights_changed": round(weights_changed(before, model), 3),
+        **changed(before, model),
         **world(trainer),
     }
 
@@ -237,7 +250,7 @@ def logit_distill(
         "train_loss": round(result.training_loss, 4),
         "steps": result.global_step,
         "train_seconds": round(seconds, 1),
-        "weights_changed": round(weights_changed(before, model), 3),
+        **changed(before, model),
         **world(trainer),
     }
 
@@ -289,7 +302,7 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
         "train_seconds": round(seconds, 1),
         "reward_accuracy_last": round(logs[-1]["rewards/accuracies"], 4) if logs else None,
         "reward_margin_last": round(logs[-1]["rewards/margins"], 4) if logs else None,
-        "weights_changed": round(weights_changed(before, model), 3),
+        **changed(before, model),
         **world(trainer),
     }
 
@@ -402,6 +415,6 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         "train_loss": round(result.training_loss, 4),
         "steps": result.global_step,
         "train_seconds": round(seconds, 1),
-        "weights_changed": round(weights_changed(before, model), 3),
+        **changed(before, model),
         **world(trainer),
     }

@@ -40,7 +40,7 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))
             metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0,
-                       "world_size": int(os.environ.get("WORLD_SIZE", 1)) if launch.in_rank() else 1}
+                       "elements_changed": 0.0, "world_size": int(os.environ.get("WORLD_SIZE", 1)) if launch.in_rank() else 1}
         metrics.update(lora.summary(model, lora_cfg))
         stage_logger().info("dpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)

@@ -465,6 +465,7 @@ def test_a_bfloat16_model_section_trains_float32_master_weights(workspace):
                                  "sft_extended": {**params["sft_extended"], "learning_rate": 1e-5}})
         sft_extended.main()
         after = load_file(paths.model_dir("sft_extended") / "model.safetensors")
+        reported = json.loads(paths.metrics_file("sft_extended").read_text())["elements_changed"]
     finally:
         write_params(Path("."), params)
         shutil.rmtree(paths.model_dir("sft_extended"))
@@ -473,6 +474,7 @@ def test_a_bfloat16_model_section_trains_float32_master_weights(workspace):
     assert {t.dtype for t in after.values()} == {torch.float32}
     moved = sum(int((after[k] != before[k]).sum()) for k in before) / sum(t.numel() for t in before.values())
     assert moved > 0.9  # in bfloat16, 1e-5 steps moved 7% of a pretrained model's elements
+    assert reported == pytest.approx(moved, abs=1e-3)  # the metrics say so
 
 
 def test_sft_extended_steps_by_hand():
@@ -506,7 +508,7 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):
         metrics = json.loads(paths.metrics_file("dpo").read_text())
     finally:
         pairs_file.write_bytes(mined)
-    assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0,
+    assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0, "elements_changed": 0.0,
                      "world_size": 1}  # the SFT model, said so
     assert metrics["pairs"] == 8 and metrics["weights_changed"] == 1.0
     assert metrics["steps"] == 2  # 8 pairs, batch 4, 1 epoch

@@ -45,3 +45,19 @@ def test_the_plain_head_trains_as_trls_own_and_counts_the_same_tokens(tmp_path):
     # the prompt's and the completion's tokens (EOS included), BATCH rows a step, no padding
     assert [log["num_tokens"] for log in ours] == [BATCH * length * (k + 1) for k in range(STEPS)]
     assert [log["num_tokens"] for log in ours] == [log["num_tokens"] for log in trls]
+
+
+def test_changed_counts_tensors_and_elements_by_hand():
+    import torch
+
+    from pipeline.training import changed, snapshot
+
+    model = torch.nn.Linear(3, 2)  # weight 2x3 (6 elements), bias 2: 8 elements in 2 tensors
+    before = snapshot(model)
+    assert changed(before, model) == {"weights_changed": 0.0, "elements_changed": 0.0}
+    with torch.no_grad():
+        model.weight[0, 1] += 1.0  # one element of one tensor
+    assert changed(before, model) == {"weights_changed": 0.5, "elements_changed": 0.125}
+    with torch.no_grad():
+        model.bias += 1.0
+    assert changed(before, model) == {"weights_changed": 1.0, "elements_changed": 0.375}
