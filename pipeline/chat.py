@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.config import BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section, is_local, watched
+from pipeline.config import (LOCAL_RULE, BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section,
+                             is_local, watched)
 
 _override: PromptConfig | None = None
 
@@ -94,7 +95,8 @@ def require_template(tokenizer, source: object = None) -> None:
     if not has_template(tokenizer):
         where = f"{source}: " if source is not None else ""
         raise ConfigError(f"{where}the tokenizer has no chat template; prompt.format chat needs one (use format raw, "
-                          "or a model whose tokenizer carries a chat_template: chat_template.jinja or tokenizer_config.json)")
+                          "or a model whose tokenizer carries a chat_template: chat_template.jinja or "
+                          "tokenizer_config.json)")
 
 
 # A loadable model folder's weights: one safetensors file, its shards' index, or a LoRA adapter on a base
@@ -105,7 +107,7 @@ def _check_local_model(key: str, folder: Path, path: Path | str) -> None:
     """A local model folder that the stages could not load, named now: missing, without safetensors weights, or
     without tokenizer files (transformers would otherwise make up an empty tokenizer from the config alone)."""
     if not folder.is_dir():
-        raise ConfigError(f"{path}: {key}: {folder}: no such folder (a path: it starts with . / or ~)")
+        raise ConfigError(f"{path}: {key}: {folder}: no such folder ({LOCAL_RULE})")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         found = sorted(p.name for p in folder.iterdir())[:8]
         hint = ("; pickled weights (.bin) are not loaded, as they can run code: convert them once with "

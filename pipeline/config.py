@@ -135,10 +135,19 @@ NO_MODEL_DEPENDENCY = "pipeline/models.py"
 PIPELINE_OUTPUTS = ("models", "data")
 
 
+LOCAL_RULE = ("a local path: it exists, starts with . / or ~, has more than one /, or its first folder exists here; "
+              "a Hugging Face id is name or owner/name")
+
+
 def is_local(path: str, suffixes: tuple[str, ...] = ()) -> bool:
     """Does a path-or-id name something local (rather than a Hugging Face id, owner/name)? It exists, starts with
-    . / or ~, or ends in one of `suffixes`."""
-    return Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or Path(path).suffix in suffixes
+    . / or ~, ends in one of `suffixes`, has more than one / (no Hub id does), or its first folder exists here:
+    `examples/gsm8kk` is a mistyped local path, which would otherwise be looked up on the Hub, retried for half a
+    minute offline, and then reported as a bad id."""
+    if Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or Path(path).suffix in suffixes:
+        return True
+    parts = path.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
 
 
 def watched(path: str) -> str:
@@ -1133,8 +1142,8 @@ def check_task_fit(task: TaskConfig, prm: "PRMConfig | None" = None, path: Path 
     path_given = task.dataset.path if task.dataset is not None else None
     if path_given and is_local_dataset(path_given) and not Path(path_given).expanduser().exists():
         # DVC watches it (task.data_dependency): missing, `dvc repro` would fail on it, after deleting the outputs
-        problems.append(f"task.dataset.path: {path_given}: no such file or folder (a local path: it starts with . / "
-                        "or ~, or ends in .parquet, .jsonl, .json or .csv)")
+        problems.append(f"task.dataset.path: {path_given}: no such file or folder ({LOCAL_RULE}, and a file ending "
+                        "in .parquet, .jsonl, .json or .csv is local too)")
     if task.kind != "cof" and prm is not None and "gold" in prm.sources:
         problems.append("prm.sources: gold labels need the chart task's gold step values; a dataset task's steps "
                         "are labelled mc (Monte-Carlo rollouts) and mcts: set prm.sources: [mc, mcts]")

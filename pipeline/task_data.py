@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.answers import gsm8k_answer, last_boxed
-from pipeline.config import DatasetConfig
+from pipeline.config import LOCAL_RULE, DatasetConfig, is_local_dataset
 from pipeline.grading import PARAGRAPH_BREAK, infer_answer_type
 from pipeline import paths
 from pipeline.io import InputError, read_rows
@@ -102,8 +102,8 @@ def load_source(cfg: DatasetConfig) -> dict[str, list[dict]]:
     path = Path(cfg.path).expanduser()
     if path.exists():
         return _load_local(path)
-    if cfg.path.startswith((".", "/", "~")) or Path(cfg.path).suffix in FILE_SUFFIXES:
-        raise InputError(f"task.dataset.path: {cfg.path}: no such file or folder")
+    if is_local_dataset(cfg.path):
+        raise InputError(f"task.dataset.path: {cfg.path}: no such file or folder ({LOCAL_RULE})")
     return _load_hub(cfg)
 
 

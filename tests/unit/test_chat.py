@@ -155,7 +155,7 @@ def test_chat_needs_a_template_a_chat_route_and_system_needs_chat(tmp_path, tok)
         parse_section("prompt", PromptConfig, {"format": "raw", "system": "Be brief."})
 
 
-def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok):
+def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok, monkeypatch):
     """Raw prompts need no template, but the model itself must be there: its config, and a tokenizer with a pad
     or an EOS token; each failure names the key at validation."""
     raw = PromptConfig(format="raw")
@@ -181,6 +181,10 @@ def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok):
             (tmp_path / "no_tokenizer", ": no tokenizer files")):
         with pytest.raises(ConfigError, match=rf"base\.model: {folder}{message}"):
             chat.check_models(raw, base=BaseModelConfig(model=str(folder)))
+    with monkeypatch.context() as m:  # a mistyped folder beside real ones: local, named at once (not a Hub id)
+        m.chdir(tmp_path)
+        with pytest.raises(ConfigError, match=r"base\.model: tokenizer_only/typo: no such folder \(a local path"):
+            chat.check_models(raw, base=BaseModelConfig(model="tokenizer_only/typo"))
     tok.pad_token = tok.eos_token = None
     save_model(model, tok, tmp_path / "no_pad")
     with pytest.raises(ConfigError, match=r"teacher\.model: the tokenizer of .*no_pad' has neither a pad nor an EOS"):

@@ -129,7 +129,7 @@ def test_the_task_must_fit_the_rewards():
     check_task_fit(TaskConfig(), rewards=RewardsConfig())
 
 
-def test_a_local_dataset_that_is_not_there_fails_validation(tmp_path):
+def test_a_local_dataset_that_is_not_there_fails_validation(tmp_path, monkeypatch):
     """DVC watches a local dataset (task.data_dependency): missing, `dvc repro` would fail on it after deleting
     the data stage's outputs, so validation names it first. A Hub id is not a path, and a present one passes."""
     from pipeline.config import PRMConfig, check_task_fit, data_dependency_for
@@ -138,9 +138,14 @@ def test_a_local_dataset_that_is_not_there_fails_validation(tmp_path):
         return TaskConfig(kind="dataset", dataset={"path": path}, data_dependency=data_dependency_for(path))
 
     mc = PRMConfig(sources=["mc", "mcts"])
-    for path in (str(tmp_path / "absent"), "./absent", "absent.jsonl"):
+    (tmp_path / "examples").mkdir()
+    monkeypatch.chdir(tmp_path)
+    # a mistyped folder under one that exists, and a path no Hub id can be (two /), are local: named at once,
+    # not looked up on the Hub (half a minute of retries offline, then "not loadable from the Hub")
+    for path in (str(tmp_path / "absent"), "./absent", "absent.jsonl", "examples/gsm8kk", "data/my/set"):
         with pytest.raises(ConfigError, match=rf"task.dataset.path: {path}: no such file or folder"):
             check_task_fit(task(path), prm=mc)
     (tmp_path / "there.jsonl").write_text("")
     check_task_fit(task(str(tmp_path / "there.jsonl")), prm=mc)
-    check_task_fit(task("openai/gsm8k"), prm=mc)
+    check_task_fit(task("openai/gsm8k"), prm=mc)  # no folder openai/ here: a Hub id
+    check_task_fit(task("gsm8k"), prm=mc)
