@@ -18,9 +18,8 @@ import json
 from pathlib import Path
 
 from pipeline.config import LoraConfig
-from pipeline import sharding
-from pipeline.io import InputError, rank
-from pipeline.models import save_model
+from pipeline.io import InputError
+from pipeline.models import save_model, writes_weights
 
 
 def is_adapter(model) -> bool:
@@ -72,10 +71,10 @@ def save(model, tokenizer, folder: Path, cfg: LoraConfig, base: Path):
         merged = model.merge_and_unload()
         save_model(merged, tokenizer, folder)
         return merged
+    if not writes_weights(model):
+        return model
     # the trained adapter alone: TRL's GRPO adds a frozen copy of it named "ref" (its KL reference), which PEFT
     # would save into a subfolder naming a base of its own
-    if rank() != 0 and not sharding.sharded(model):  # as save_model: the same adapter on every rank, rank 0 writes
-        return model
     model.save_pretrained(folder, safe_serialization=True, selected_adapters=[model.active_adapter])
     tokenizer.save_pretrained(folder)
     (Path(folder) / "README.md").unlink(missing_ok=True)  # PEFT's model card, naming the base as it was in memory

@@ -223,10 +223,16 @@ def save_model(model, tokenizer, folder: Path) -> None:
         state = sharding.full_state_dict(model)
         if not state:
             return
-    elif rank() != 0:
+    elif not writes_weights(model):
         return
     model.save_pretrained(folder, safe_serialization=True, state_dict=state)
     tokenizer.save_pretrained(folder)
+
+
+def writes_weights(model) -> bool:
+    """Does this rank write `model`'s weights? Sharded, every rank takes part (the gather decides who gets them);
+    otherwise every rank holds the same weights and only global rank 0 writes them."""
+    return sharding.sharded(model) or rank() == 0
 
 
 def count_parameters(model) -> int:
