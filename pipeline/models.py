@@ -171,10 +171,11 @@ def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
         return AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs(dtype))
     from peft import PeftModel
 
-    base = json.loads(adapter.read_text()).get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():  # the pipeline's adapters sit on its own model folders, never a Hub id
-        raise FileNotFoundError(f"{adapter}: base_model_name_or_path {base!r} is not a model folder here (an adapter "
-                                "loads beneath its base; run from the repository root, with the base's stage built)")
+    named = json.loads(adapter.read_text()).get("base_model_name_or_path")
+    base = adapter_base(Path(path), named)
+    if base is None:  # the pipeline's adapters sit on its own model folders, never a Hub id
+        raise FileNotFoundError(f"{adapter}: base_model_name_or_path {named!r} is not a model folder here or beside "
+                                "the adapter's repository (an adapter loads beneath its base: build the base's stage)")
     model = PeftModel.from_pretrained(load_weights(base, dtype), str(path)).merge_and_unload()
     # PEFT froze the base's weights and merging keeps them frozen: as any loaded model, every weight trains again
     # (full fine-tuning after an adapter: sft_extended, the PRM; a later adapter freezes them itself)
@@ -183,6 +184,20 @@ def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
     # which transformers loads as its base with the adapter on it (the same function), not the base alone.
     model.config._name_or_path = str(path)
     return model
+
+
+def adapter_base(folder: Path, named: str | None) -> Path | None:
+    """The base folder of the adapter in `folder`: `named` as it stands (absolute, or relative to the working
+    directory: the repository root, where every stage runs), else relative to one of the adapter folder's parents
+    (`lora.save` names the base from the repository root, so `/elsewhere/repo/models/grpo` finds
+    `/elsewhere/repo/models/sft` from any working directory). None: no such folder."""
+    if not named:
+        return None
+    if Path(named).is_dir():
+        return Path(named)
+    if Path(named).is_absolute():
+        return None
+    return next((parent / named for parent in folder.resolve().parents if (parent / named).is_dir()), None)
 
 
 @phase("load model")

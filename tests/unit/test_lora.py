@@ -89,6 +89,11 @@ def test_an_adapter_on_an_adapter_loads_through_both(base, monkeypatch):
     expected = logits(second)
     lora.save(second, tokenizer, base / "models/grpo", cfg, base="models/sft")
     torch.testing.assert_close(logits(load_model("models/grpo", device="cpu")[0]), expected, rtol=1e-4, atol=1e-5)
+    # from another working directory (a user's notebook), by the folder's path: the bases named from the
+    # repository root are found beside it
+    monkeypatch.chdir(base / "models")
+    torch.testing.assert_close(logits(load_model(base / "models/grpo", device="cpu")[0]), expected, rtol=1e-4,
+                               atol=1e-5)
 
 
 def test_only_the_trained_adapter_is_saved(base, monkeypatch):
