@@ -140,10 +140,24 @@ def _params(args: argparse.Namespace) -> int:
             return 0
         if args.write:  # with nothing asked: params.yaml re-resolved as its header says (new schema defaults)
             profiles.write(*_resolution(args))
+            _warn_if_refused()
             return 0
         profile, sets = _resolution(args)
         print(profiles.render(profiles.resolve(profile, sets), profile, sets), end="")
     return 0
+
+
+def _warn_if_refused() -> None:
+    """The checks across sections and against this machine that `repro` runs first (a dataset task's labels, the
+    models to load, vLLM, the cores or GPUs for `launch`): params written for another machine may fail them
+    here, so `params --write` only warns, and `repro` refuses."""
+    from pipeline.config import ConfigError, validate_all
+
+    try:
+        validate_all()
+    except ConfigError as exc:
+        print(f"warning: params.yaml is written, but `python -m pipeline repro` here would refuse it:\n{exc}",
+              file=sys.stderr)
 
 
 def _schedule(args: argparse.Namespace) -> int:

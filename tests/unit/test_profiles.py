@@ -256,6 +256,15 @@ def test_params_command_prints_writes_and_composes(project):
     assert cli("params", "--write", "-S", "dpo.beta=0.2", cwd=project).returncode == 0
     assert profiles.header_of((project / "params.yaml").read_text()) == ("research", ["dpo.beta=0.2"])
     assert yaml.safe_load((project / "params.yaml").read_text())["dpo"]["beta"] == 0.2
+    # what `repro` would refuse across sections (a dataset task with gold step labels) is written with a warning:
+    # the file may be meant for another machine, where the machine's own checks (cores, GPUs, vLLM) differ
+    proc = cli("params", "--write", "--profile", "tiny", "-S", "task.kind=dataset", "-S",
+               "task.dataset.path=gsm8k", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: params.yaml is written, but `python -m pipeline repro` here would refuse it" in proc.stderr
+    assert "prm.sources: gold labels need the chart task's gold step values" in proc.stderr
+    assert yaml.safe_load((project / "params.yaml").read_text())["task"]["kind"] == "dataset"
+    assert "warning" not in cli("params", "--write", "--profile", "tiny", cwd=project).stderr
     listed = cli("params", "--list", cwd=project).stdout.split("\n")
     assert [line.split()[0] for line in listed if line] == profiles.names(ROOT)
 
