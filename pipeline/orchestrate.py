@@ -124,28 +124,39 @@ def diff_markdown(rev: str = "HEAD", after: str | None = None) -> str:
 def models_markdown(root: Path = paths.METRICS) -> str:
     """Every evaluated model side by side (greedy accuracy, pass@k, maj@k), then the RL yardstick:
     p0 (the SFT policy's sampled success on the RL pool), p*(p0, beta) and the success measured after GRPO."""
-    lines = ["| model | test | ood | step accuracy | pass@k | maj@k | sampled accuracy | tokens/question |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, m in load_evaluations(root).items():
+    from pipeline.report import cell
+
+    evaluations = load_evaluations(root)
+    # the splits evaluated beside test (evaluate.splits: ood on the chart task, val where a profile asks for it)
+    def accuracy(m: dict, split: str):
+        return m.get(f"accuracy_{split}", (m.get(split) or {}).get("accuracy"))
+
+    others = [s for s in ("val", "ood") if any(accuracy(m, s) is not None for m in evaluations.values())]
+    lines = ["| model | test | " + "".join(f"{s} | " for s in others) + "step accuracy | pass@k | maj@k | "
+             "sampled accuracy | tokens/question |", "|---|---|" + "---|" * (len(others) + 5)]
+    for name, m in evaluations.items():
         sampled = m.get("sampled", {})
         k = sampled.get("k")
-        lines.append(
-            f"| {name} | {m.get('accuracy')} | {m.get('accuracy_ood')} | {m.get('step_accuracy')} | "
-            f"{m.get(f'pass_at_{k}')} (k={k}) | {m.get(f'maj_at_{k}')} | {sampled.get('sampled_accuracy')} | "
-            f"{m.get('tokens_per_question')} |"
-        )
+        values = [m.get("accuracy"), *(accuracy(m, s) for s in others), m.get("step_accuracy"),
+                  f"{cell(m.get(f'pass_at_{k}'))} (k={k})", m.get(f"maj_at_{k}"), sampled.get("sampled_accuracy"),
+                  m.get("tokens_per_question")]
+        lines.append(f"| {name} | " + " | ".join(map(cell, values)) + " |")
     prm_file = root / "prm.json"
     if prm_file.exists():
         p = json.loads(prm_file.read_text())
         # the labels are the chart task's gold values, or Monte-Carlo (mc, mcts) ones on a dataset task
         sources = list(p.get("sources", {}))
         labels = "gold" if "gold" in sources else " and ".join(sources)
-        within = p["held_out"].get("within_question", {})
-        lines += ["", f"PRM on held-out step labels ({labels}; {p['held_out']['lines']} lines): AUROC {p.get('auroc')} "
-                      f"(steps {p['held_out'].get('auroc_steps')}, answers {p['held_out'].get('auroc_answers')}), "
-                      f"accuracy {p.get('accuracy')}, ECE {p.get('ece')}; within one question, a right answer "
-                      f"ranked above a wrong one in {within.get('pair_accuracy_mean')} of {within.get('pairs')} "
-                      "pairs (mean of line scores; 0.5 is chance)."]
+        held = p["held_out"]
+        within = held.get("within_question", {})
+        one_class = (f"one class only: {held.get('positive_share')} of the lines right; "
+                     if p.get("auroc") is None and held.get("positive_share") in (0.0, 1.0) else "")
+        ranked = (f"within one question, a right answer ranked above a wrong one in {within.get('pair_accuracy_mean')} "
+                  f"of {within.get('pairs')} pairs (mean of line scores; 0.5 is chance)" if within.get("pairs") else
+                  "no held-out question has both a right and a wrong answer to rank")
+        lines += ["", f"PRM on held-out step labels ({labels}; {held['lines']} lines): AUROC {cell(p.get('auroc'))} "
+                      f"({one_class}steps {cell(held.get('auroc_steps'))}, answers {cell(held.get('auroc_answers'))}), "
+                      f"accuracy {cell(p.get('accuracy'))}, ECE {cell(p.get('ece'))}; {ranked}."]
     grpo_file = root / "grpo.json"
     if grpo_file.exists():
         g = json.loads(grpo_file.read_text())

@@ -70,3 +70,39 @@ def heatmap(panels: dict[str, tuple[list[str], list[str], list[list[float | None
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
+
+
+def fill_skipped(live_dir: Path, stage: str, reason: str, dvc_file: Path = Path("dvc.yaml")) -> list[str]:
+    """The plots dvc.yaml's top-level `plots` declare under plots/<stage>/ that a skipped part did not draw, written
+    empty into `live_dir` (the stage's temporary plots folder): a curve as its header alone, an image as a card
+    stating `reason`. `dvc plots show` then draws every plot instead of "DVC failed to load some plots".
+    Returns the files written (relative to `live_dir`)."""
+    import yaml
+
+    if not dvc_file.exists():  # a stage run outside the project (a unit test): no declared plots
+        return []
+    prefix = f"plots/{stage}/"
+    written = []
+    for entry in yaml.safe_load(dvc_file.read_text()).get("plots", []):
+        files = {entry: None} if isinstance(entry, str) else {
+            file: (spec.get("x"), field) for spec in entry.values() for file, field in (spec.get("y") or {}).items()}
+        for file, columns in files.items():
+            if not file.startswith(prefix) or (live_dir / file[len(prefix):]).exists():
+                continue
+            target = live_dir / file[len(prefix):]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.suffix == ".tsv" and columns:
+                target.write_text("\t".join(columns) + "\n")
+            elif target.suffix == ".png":
+                _card(target, f"{stage}: {reason}")
+            else:
+                continue
+            written.append(file[len(prefix):])
+    return written
+
+
+def _card(path: Path, text: str) -> None:
+    fig = plt.figure(figsize=(5, 1.2), dpi=100)
+    fig.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, wrap=True)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)

@@ -38,16 +38,23 @@ def load_evaluations(root: Path = paths.METRICS, models: list[str] | None = None
     return out
 
 
+def cell(value) -> str:
+    """A table cell: '–' for what a run did not measure (None: the chart-only parts of a dataset task)."""
+    return "–" if value is None else str(value)
+
+
 def decoding_markdown(evaluations: dict[str, dict]) -> str:
-    lines = ["| model | strategy | test | ood | test minus greedy (paired SE) | tokens/question | PRM tokens/question | "
-             "seconds/question |", "|---|---|---|---|---|---|---|---|"]
+    ood = any("accuracy_ood" in d for m in evaluations.values() for d in m.get("decoding", {}).values())
+    lines = ["| model | strategy | test | " + ("ood | " if ood else "") + "test minus greedy (paired SE) | "
+             "tokens/question | PRM tokens/question | seconds/question |", "|---|---|---|" + "---|" * (4 + ood)]
     for model, m in evaluations.items():
         for strategy, d in m.get("decoding", {}).items():
-            lines.append(f"| {model} | {strategy} | {d['accuracy']} | {d.get('accuracy_ood')} | {_versus(d)} | "
-                         f"{d['tokens_per_question']} | {d['prm_tokens_per_question']} | {d['seconds_per_question']} |")
+            values = [d["accuracy"], *([d.get("accuracy_ood")] if ood else []), _versus(d), d["tokens_per_question"],
+                      d["prm_tokens_per_question"], d["seconds_per_question"]]
+            lines.append(f"| {model} | {strategy} | " + " | ".join(map(cell, values)) + " |")
     lines += ["", "Best-of-N against its ceilings on the same N samples (test): a perfect outcome verifier (pass@N), "
-              "a perfect step verifier (picks a sample whose steps all match the gold chain), and how many "
-              "samples have all steps right.", "",
+              "a perfect step verifier (picks a sample whose steps all match the gold chain; – without gold steps), "
+              "and how many samples have all steps right.", "",
               "| model | greedy | random pick of N | PRM best-of-N | minus random pick (paired SE) | "
               "perfect step verifier | pass@N | samples with all steps right |",
               "|---|---|---|---|---|---|---|---|"]
@@ -56,18 +63,22 @@ def decoding_markdown(evaluations: dict[str, dict]) -> str:
         if "ceilings" in d.get("prm_best_of_n", {}):
             best = d["prm_best_of_n"]
             c, r = best["ceilings"], best.get("vs_random", {})
-            lines.append(f"| {model} | {d.get('greedy', {}).get('accuracy')} | {r.get('random_pick')} | "
-                         f"{best['accuracy']} | {_difference(r)} | {c['step_oracle']} | {c['pass_at_n']} | "
-                         f"{c['all_steps_right']} |")
+            lines.append(f"| {model} | {cell(d.get('greedy', {}).get('accuracy'))} | {cell(r.get('random_pick'))} | "
+                         f"{best['accuracy']} | {_difference(r)} | {cell(c['step_oracle'])} | {cell(c['pass_at_n'])} | "
+                         f"{cell(c['all_steps_right'])} |")
     lines += ["", "Faithfulness: each question asked again as its twin (comparisons with the operands swapped; trends "
-              "with the direction reversed); the share of answered pairs whose answers contradict each other.", "",
-              "| model | comparison pairs | answered both | inconsistency rate | trend pairs | answered both | "
+              "with the direction reversed); the share of answered pairs whose answers contradict each other."]
+    probed = {model: m.get("faithfulness", {}) for model, m in evaluations.items()}
+    skipped = {f["skipped"] for f in probed.values() if "skipped" in f}
+    if skipped and all("skipped" in f for f in probed.values()):
+        return "\n".join([*lines, "", f"Skipped for every model: {'; '.join(sorted(skipped))}."])
+    lines += ["", "| model | comparison pairs | answered both | inconsistency rate | trend pairs | answered both | "
               "inconsistency rate |", "|---|---|---|---|---|---|---|"]
-    for model, m in evaluations.items():
-        f = m.get("faithfulness", {})
+    for model, f in probed.items():
         t = f.get("trend", {})
-        lines.append(f"| {model} | {f.get('pairs')} | {f.get('answered')} | {f.get('inconsistency_rate')} | "
-                     f"{t.get('pairs')} | {t.get('answered')} | {t.get('inconsistency_rate')} |")
+        lines.append(f"| {model} | {cell(f.get('pairs'))} | {cell(f.get('answered'))} | "
+                     f"{cell(f.get('inconsistency_rate'))} | {cell(t.get('pairs'))} | {cell(t.get('answered'))} | "
+                     f"{cell(t.get('inconsistency_rate'))} |")
     return "\n".join(lines)
 
 

@@ -35,7 +35,7 @@ from pipeline import paths
 from pipeline.config import AnimateConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.io import EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_json, write_manifest, write_rows
-from pipeline.plots import bar_chart
+from pipeline.plots import bar_chart, fill_skipped
 from pipeline.video.backends import check_backend, make_backend
 from pipeline.video.clips import contact_sheet, write_gif, write_mp4
 from pipeline.video.sample import Sample, make_sample, parse_table
@@ -186,6 +186,7 @@ def _skipped(cfg: AnimateConfig, task_cfg: TaskConfig) -> None:
         write_manifest(out, "animate", cfg, skipped=reason)
     with atomic_dir(paths.live_dir("animate")) as live:
         (live / "README.txt").write_text(reason + "\n")
+        fill_skipped(live, "animate", reason)
     write_json(paths.metrics_file("animate"), {"skipped": reason, "samples": 0, "questions": 0})
 
 

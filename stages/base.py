@@ -23,6 +23,7 @@ from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import base_model, build_student, count_parameters, default_device, save_model
+from pipeline.plots import fill_skipped
 from pipeline.training import snapshot, weights_changed
 
 
@@ -46,6 +47,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -
             reason = f"none: task.kind is {task_cfg.kind} (the drills read chart tables)"
             stage_logger().info("base: drills skipped (%s)", reason)
             write_json(live_dir / "metrics.json", {"drills": reason})
+            fill_skipped(live_dir, "base", "drills skipped: the task has no chart tables")
             metrics |= {"drills": reason, "init_seed": cfg.seed}
         elif not cfg.model:
             with curve_log(live_dir) as log:
@@ -65,6 +67,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -
                         "weights_changed": weights_changed(start, model)}
         else:
             write_json(live_dir / "metrics.json", {"drills": f"none: {cfg.model} is loaded, not built"})
+            fill_skipped(live_dir, "base", "no drills: the model is loaded, not built")
         stage_logger().info("base model: %s", metrics)
         save_model(model, tokenizer, tmp)
         write_manifest(tmp, "base", cfg, inputs=[train_file], name=paths.MODEL_MANIFEST, metrics=metrics)

@@ -18,6 +18,7 @@ from pipeline.config import DPOStageConfig, LoraConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
 from pipeline.models import MASTER_DTYPE, load_model
+from pipeline.plots import fill_skipped
 from pipeline.training import dpo_train
 
 PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")], "distill": [paths.split_file("pairs", stage="distill")]}
@@ -39,6 +40,7 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
         else:  # a policy with no right (or no wrong) rollouts: nothing to prefer; say so, keep the DAG going
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))
+            fill_skipped(live, "dpo", "no preference pairs: the SFT model unchanged")
             metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0,
                        "elements_changed": 0.0, "world_size": int(os.environ.get("WORLD_SIZE", 1)) if launch.in_rank() else 1}
         metrics.update(lora.summary(model, lora_cfg))

@@ -115,3 +115,30 @@ def test_every_evaluated_model_has_its_images_declared_as_plots():
     for model in dag["stages"]["evaluate"]["matrix"]["model"]:
         for image in ("by_task_type", "decoding"):
             assert f"plots/evaluate/{model}/{image}.png" in declared, f"dvc.yaml plots: {model}'s {image}.png"
+
+
+def test_a_skipped_part_leaves_every_declared_plot_drawable(tmp_path):
+    """fill_skipped writes, for the plots dvc.yaml declares under plots/<stage>/, a header-only curve and an image
+    card; `dvc plots show` would otherwise report "DVC failed to load some plots" on a dataset task or a loaded
+    model (base's drills, animate, dpo without pairs)."""
+    from PIL import Image
+
+    from pipeline.plots import fill_skipped
+
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+    for stage, reason in (("base", "drills skipped"), ("animate", "no charts"), ("dpo", "no pairs")):
+        live = tmp_path / stage
+        live.mkdir()
+        written = fill_skipped(live, stage, reason, ROOT / "dvc.yaml")
+        declared = {f for entry in spec for f in ([entry] if isinstance(entry, str) else
+                                                  [y for s in entry.values() for y in s["y"]])
+                    if f.startswith(f"plots/{stage}/")}
+        assert declared and {f"plots/{stage}/{w}" for w in written} == declared, stage
+    assert (tmp_path / "base/plots/metrics/numbers/loss.tsv").read_text() == "step\tloss\n"
+    assert (tmp_path / "dpo/plots/metrics/rewards/margins.tsv").read_text() == "step\tmargins\n"
+    assert Image.open(tmp_path / "animate/contact_sheet.png").size == (500, 120)
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again/filters.png").write_bytes(b"drawn")  # what the stage drew is kept
+    assert "filters.png" not in fill_skipped(tmp_path / "again", "animate", "x", ROOT / "dvc.yaml")
+    assert (tmp_path / "again/filters.png").read_bytes() == b"drawn"
+    assert fill_skipped(tmp_path / "again", "animate", "x", tmp_path / "no-dvc.yaml") == []

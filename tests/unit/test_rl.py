@@ -194,3 +194,20 @@ def test_models_markdown_puts_models_side_by_side_with_the_rl_yardstick(tmp_path
     assert table[2] == "| sft | 0.32 | 0.06 | 0.2 | 0.5 (k=4) | 0.3 | 0.26 | 45.0 |"
     assert table[3].startswith("| grpo | 0.33 |") and len(table) == 6  # no teacher file: no teacher row
     assert "p0 = 0.31" in table[5] and "0.3 before, 0.34 after" in table[5]
+
+    # a dataset task: no ood column, a val one where evaluate.splits asks for it, – for the chart-only numbers,
+    # and a PRM whose held-out lines are all of one class says so rather than printing None
+    for name, acc in (("sft", 0.32), ("grpo", 0.33)):
+        (root / "evaluate" / f"{name}.json").write_text(json.dumps({
+            "accuracy": acc, "step_accuracy": None, "pass_at_4": 0.5, "maj_at_4": 0.3, "val": {"accuracy": 0.5},
+            "sampled": {"k": 4, "sampled_accuracy": 0.26}, "tokens_per_question": 45.0}))
+    (root / "prm.json").write_text(json.dumps({
+        "sources": {"chain": 3, "mc": 5}, "auroc": None, "accuracy": 0.98, "ece": 0.02,
+        "held_out": {"lines": 51, "positive_share": 0.0, "auroc_steps": None, "auroc_answers": None,
+                     "within_question": {"pairs": 0, "pair_accuracy_mean": None}}}))
+    table = models_markdown(root).splitlines()
+    assert table[0] == "| model | test | val | step accuracy | pass@k | maj@k | sampled accuracy | tokens/question |"
+    assert table[2] == "| sft | 0.32 | 0.5 | – | 0.5 (k=4) | 0.3 | 0.26 | 45.0 |"
+    assert table[5] == ("PRM on held-out step labels (chain and mc; 51 lines): AUROC – (one class only: 0.0 of the "
+                        "lines right; steps –, answers –), accuracy 0.98, ECE 0.02; no held-out question has both a "
+                        "right and a wrong answer to rank.")
