@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.paths import SPLITS
 
@@ -26,9 +26,10 @@ class ConfigError(Exception):
 
 
 class Section(BaseModel):
-    """Base of every params section: unknown keys fail, values are checked on assignment."""
+    """Base of every params section: unknown keys fail, values are checked on assignment, and no number is NaN or
+    infinite (a NaN reward weight would zero every reward and train nothing, without a word)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 ChartType = Literal["bar", "grouped_bar", "stacked_bar", "line", "pie"]
@@ -82,6 +83,15 @@ class SynthesizeConfig(Section):
             raise ValueError("min_chain_length must be <= max_chain_length")
         if self.n_ood and not (self.max_chain_length < self.ood_min_chain_length <= self.ood_max_chain_length):
             raise ValueError("need max_chain_length < ood_min_chain_length <= ood_max_chain_length")
+        if self.n_ood and self.max_categories < 3:  # measured: the generator gave up on every ood question
+            raise ValueError("max_categories 2: tables of two categories cannot carry the ood split's chains of 3 or "
+                             "more functions; set max_categories >= 3 or n_ood: 0")
+        if any(w < 0 for w in self.answer_type_weights.values()) or not sum(self.answer_type_weights.values()) > 0:
+            raise ValueError("answer_type_weights: shares must be >= 0 with a positive sum (leave a type out to drop "
+                             "it)")
+        from pipeline.cof.generate import parse_held_out  # the generator's own check, before DVC deletes its outputs
+
+        parse_held_out(self.ood_held_out_pairs)
         return self
 
 
@@ -244,6 +254,13 @@ class TrainConfig(Section):
     max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
     eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")
     logging_steps: int = Field(20, ge=1, description="log training loss every N steps")
+
+    @field_validator("max_steps")
+    @classmethod
+    def _steps(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("max_steps: 0 would train one step (transformers reads it as unset); -1 uses the epochs")
+        return value
 
 
 class SFTConfig(TrainConfig):
@@ -485,6 +502,9 @@ class MineConfig(Section):
     def _window(self) -> "MineConfig":
         if self.hard_min_pass_rate > self.hard_max_pass_rate:
             raise ValueError("hard_min_pass_rate must be <= hard_max_pass_rate")
+        if not (self.repeat_unsolved or self.repeat_hard or self.repeat_easy or self.repeat_solved):
+            raise ValueError("repeat_unsolved, repeat_hard, repeat_easy and repeat_solved are all 0: the RL set would "
+                             "be empty whatever the policy solves")
         return self
 
 
@@ -575,7 +595,9 @@ class PRMDataConfig(Section):
     """`prm_data`: step labels for the PRM, from the CoF gold values and from PROPA's MCTS with the policy."""
 
     seed: int = Field(0, ge=0, description="question sample and sampling seed")
-    policy: str = Field("sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
+    # a model stage upstream of prm_data (models/<policy> is its DVC dependency): not prm itself, which it feeds
+    policy: Literal["base", "teacher", "sft", "sft_extended", "grpo", "dpo"] = Field(
+        "sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
     gold_questions: int = Field(3000, ge=1, description="gold labels: new training questions (why: studies "
                                 "`quick-default`, `quick-default-under-ten-minutes`)")
@@ -646,7 +668,8 @@ class DecodingConfig(Section):
     strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"]] = Field(
         ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
     )
-    prm: str | None = Field("prm", description="the PRM under models/ (null: no PRM strategies)")
+    prm: Literal["prm"] | None = Field("prm", description="the PRM under models/ (the prm stage's, a DVC dependency "
+                                       "of evaluate; null: no PRM strategies)")
     questions: int = Field(300, ge=1, description="questions per split, the first N (all strategies on the same "
                            "ones; why: study `best-of-n-on-500-questions`)")
     n: int = Field(8, ge=1, description="N: whole samples (maj@N, best-of-N), candidate lines per beam-search step "
@@ -670,6 +693,8 @@ class DecodingConfig(Section):
     def _beam(self) -> "DecodingConfig":
         if self.beam_width > self.n:
             raise ValueError("beam_width must be <= n (each step samples n candidate lines in all)")
+        if self.prm is None and (guided := [s for s in self.strategies if s.startswith("prm_")]):
+            raise ValueError(f"strategies: {', '.join(guided)} need a PRM; prm is null (drop them, or set prm: prm)")
         return self
 
 
@@ -745,6 +770,8 @@ class EvaluateConfig(Section):
             raise ValueError("decoding.questions must be <= k_samples (the strategies reuse the pass@k samples)")
         if not set(self.sampled_splits) <= set(self.splits):
             raise ValueError("sampled_splits must be among splits")
+        if "test" not in self.splits:  # the flat metrics (accuracy, questions) are test's, as dvc metrics diff reads
+            raise ValueError("splits: must include test (the headline metrics); add ood or val beside it")
         return self
 
 
@@ -1147,6 +1174,10 @@ def check_task_fit(task: TaskConfig, prm: "PRMConfig | None" = None, path: Path 
     if task.kind != "cof" and prm is not None and "gold" in prm.sources:
         problems.append("prm.sources: gold labels need the chart task's gold step values; a dataset task's steps "
                         "are labelled mc (Monte-Carlo rollouts) and mcts: set prm.sources: [mc, mcts]")
+    if task.kind == "cof" and prm is not None and "mc" in prm.sources:
+        # prm_data labels the chart task's steps by their gold values, so it writes no mc rows to train on
+        problems.append("prm.sources: mc labels are a dataset task's (no gold step values there); the chart task's "
+                        "steps are labelled gold and mcts: set prm.sources: [gold, mcts]")
     if task.kind != "cof" and rewards is not None and "step_correctness" in rewards.weights:
         # it would score no completion at all (None on every row), and TRL logs a warning for it every step
         kept = {k: v for k, v in rewards.weights.items() if k != "step_correctness"} or {"accuracy": 1.0}

@@ -603,15 +603,18 @@ def held_out(scorer: PRMScorer, rows: list[dict]) -> tuple[dict, list[dict]]:
         value = auroc([y for y, _ in subset], [s for _, s in subset])
         return None if value is None else round(value, 4)
 
+    def share(hits: int) -> float | None:  # None over no lines, as AUROC: not a measured 0
+        return round(hits / len(labels), 4) if labels else None
+
     return {
         "lines": len(flat),
         "within_question": within_question(rows, scores),
-        "positive_share": round(sum(y >= 0.5 for y in labels) / max(len(labels), 1), 4),
+        "positive_share": share(sum(y >= 0.5 for y in labels)),
         "auroc": area(lambda terminal: True),
         "auroc_steps": area(lambda terminal: not terminal),
         "auroc_answers": area(lambda terminal: terminal),
-        "accuracy": round(sum((s >= 0.5) == (y >= 0.5) for y, s in zip(labels, probs)) / max(len(labels), 1), 4),
-        "ece": expected_calibration_error(table),
+        "accuracy": share(sum((s >= 0.5) == (y >= 0.5) for y, s in zip(labels, probs))),
+        "ece": expected_calibration_error(table) if labels else None,
     }, table
 
 

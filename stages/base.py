@@ -40,6 +40,11 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -
         "max_tokens_per_example": max(tokens),
         "chars_per_token": round(sum(map(len, sample)) / sum(tokens), 2),
     }
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and (over := sum(t > positions for t in tokens)):  # large tables (synthesize.max_categories, ...)
+        stage_logger().warning("base: %d of the first %d training rows are longer than the model's %d positions "
+                               "(max_position_embeddings; the longest %d tokens): raise base.max_position_embeddings "
+                               "or make the tables smaller", over, len(tokens), positions, max(tokens))
     with atomic_dir(paths.model_dir("base")) as tmp, atomic_dir(paths.live_dir("base")) as live_dir:
         if not cfg.model and task_cfg.kind != "cof":
             # The drills read chart tables: a student for a text dataset starts from its init.

@@ -64,6 +64,10 @@ def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) ->
         metrics["p_star"] = round(success_amplification(p0, cfg.beta), 4) if cfg.beta > 0 else 1.0
         metrics.update(success_after(cfg, model, tokenizer, pool))
         metrics.update(lora.summary(model, lora_cfg))
+        if metrics["steps"] and not metrics["weights_changed"]:  # e.g. max_steps 1: the warm-up's first step, lr 0
+            stage_logger().warning("grpo: %d step(s) left the weights as they were (the learning rate is 0 in the "
+                                   "first warm-up step, grpo.warmup_steps %s); models/grpo is the SFT model unchanged",
+                                   metrics["steps"], cfg.warmup_steps)
         stage_logger().info("grpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir("sft"))

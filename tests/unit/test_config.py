@@ -65,6 +65,32 @@ def test_cross_field_rule(tmp_path):
         load_section("synthesize", path=path)
 
 
+@pytest.mark.parametrize("section, values, message", [
+    # each passed validation before, then failed mid-stage after DVC had deleted the stage's outputs ...
+    ("synthesize", {"answer_type_weights": {"number": 0, "binary": 0, "text": 0}}, r"a positive sum"),
+    ("synthesize", {"answer_type_weights": {"number": -1, "binary": 1}}, r"shares must be >= 0"),
+    ("synthesize", {"ood_held_out_pairs": ["foo"]}, r"'foo' is not 'f>g' with known functions"),
+    ("synthesize", {"min_categories": 2, "max_categories": 2}, r"max_categories 2: .*set max_categories >= 3"),
+    ("prm_data", {"policy": "sftt"}, r"prm_data.policy: .*'sft'"),
+    ("prm_data", {"policy": "prm"}, r"prm_data.policy: "),
+    ("evaluate", {"decoding": {"prm": "nonexistent"}}, r"evaluate.decoding.prm: .*'prm'"),
+    ("mine", {"repeat_unsolved": 0, "repeat_hard": 0, "repeat_easy": 0, "repeat_solved": 0}, r"RL set would be empty"),
+    # ... or ran through on a wrong premise: NaN weights zero every reward; 0 steps train one; ood as test
+    ("rewards", {"weights": {"accuracy": float("nan"), "format": 0.1}}, r"rewards.weights.accuracy: .*finite"),
+    ("dpo", {"beta": float("inf")}, r"dpo.beta: .*finite"),
+    ("sft", {"max_steps": 0}, r"sft.max_steps: .*0 would train one step"),
+    ("teacher", {"train": {"max_steps": 0}}, r"teacher.train.max_steps: .*0 would train one step"),
+    ("evaluate", {"splits": ["ood"], "sampled_splits": []}, r"splits: must include test"),
+    ("evaluate", {"decoding": {"prm": None, "strategies": ["greedy", "prm_beam"]}}, r"prm_beam need a PRM; prm is null"),
+])
+def test_settings_that_used_to_fail_mid_stage_or_mislead_are_refused(tmp_path, section, values, message):
+    path = write(tmp_path, {section: values})
+    with pytest.raises(ConfigError, match=message):
+        validate_all(path)
+    assert load_section("synthesize", path=write(tmp_path, {"synthesize": {"min_categories": 2, "max_categories": 2,
+                                                                         "n_ood": 0}})).max_categories == 2
+
+
 def test_a_missing_section_or_key_is_named(tmp_path):
     path = write(tmp_path, {"base": {"hidden_size": 64}})
     assert load_section("base", path=path).hidden_size == 64

@@ -92,6 +92,20 @@ def test_calibration_table_and_ece():
     assert expected_calibration_error(table) == pytest.approx((2 * 0.45 + 2 * 0.025) / 4, abs=1e-4)
 
 
+def test_held_out_over_no_lines_measures_nothing():
+    """No held-out lines (a tiny run's val split): every share is None, as AUROC is, not a measured 0."""
+    from pipeline.prm import held_out
+
+    class NoScorer:
+        def score(self, prompts, steps):
+            return [[] for _ in prompts]
+
+    metrics, table = held_out(NoScorer(), [])
+    assert metrics["lines"] == 0 and table == []
+    assert {k: metrics[k] for k in ("positive_share", "auroc", "accuracy", "ece")} == dict.fromkeys(
+        ("positive_share", "auroc", "accuracy", "ece"))
+
+
 def test_a_token_verdict_is_the_logit_of_that_token_one_position_before():
     logits = torch.tensor([[[0.0, 9.0], [2.0, -1.0], [5.0, 5.0]]])  # [1, T=3, V=2]
     ids = torch.tensor([[1, 0, 1]])
