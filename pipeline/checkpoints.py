@@ -15,6 +15,10 @@
   trained, so the remaining steps see the same data in the same order. Each checkpoint also holds the sum
   of the step losses so far (`LOSS_FILE`): transformers averages `training_loss` over the resumed steps only,
   so `train` puts the earlier steps back and a resumed run reports an uninterrupted one's `train_loss`.
+  And each holds the CPU RNG state at its epoch's start (`EPOCH_RNG_FILE`): the length-grouped sampler draws an
+  epoch's order from torch's global RNG as the epoch's iteration starts, while transformers restores the
+  checkpoint's RNG only after skipping the trained batches, so a run resumed past its first epoch would otherwise
+  train the rest of that epoch in another order (`_EpochOrder`).
 
 Out of scope: the custom loops of `pipeline/drills.py` (the table drills, a few seconds each) neither
 checkpoint nor resume; they re-run from their start.
@@ -40,6 +44,7 @@ from pipeline.io import StageFailed
 ROOT = Path(".checkpoints")
 KEEP = 2  # checkpoints kept per run: the newest may be half-written when a kill lands inside a save
 LOSS_FILE = "pipeline_loss_sum.json"  # in each checkpoint: the sum of its steps' losses, for `train_loss`
+EPOCH_RNG_FILE = "pipeline_epoch_rng.pt"  # in each checkpoint: its epoch and the CPU RNG state at that epoch's start
 
 _finished: list[Path] = []  # checkpoint folders of runs that trained to the end, removed when the stage completes
 
@@ -68,6 +73,7 @@ def train(trainer, stage_cfg: Any, label: str | None = None):
     losses = guard(trainer, label, folder)
     if folder is not None:
         trainer.add_callback(_SaveLossSum(losses, earlier))
+        trainer.add_callback(_EpochOrder(_epoch_rng(resume_from) if resume_from is not None else None))
     if resume_from is not None:
         _log(f"{label}: resuming from {resume_from} (step {_step_of(resume_from)})")
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -103,6 +109,37 @@ class _SaveLossSum(TrainerCallback):
         total = self.earlier + (self.losses[0].item() if self.losses else 0.0)
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / LOSS_FILE
         path.write_text(json.dumps({"loss_sum": total, "step": state.global_step}))
+
+
+def _epoch_rng(checkpoint: Path) -> dict | None:
+    try:
+        return torch.load(checkpoint / EPOCH_RNG_FILE, weights_only=True)
+    except (OSError, RuntimeError, EOFError):  # saved before this file existed: the order may differ past epoch 1
+        _log(f"{checkpoint} holds no {EPOCH_RNG_FILE}: a resumed epoch after the first may see its batches in "
+             "another order")
+        return None
+
+
+class _EpochOrder(TrainerCallback):
+    """Keeps the CPU RNG state at each epoch's start (before its sampler draws the order) for the checkpoints, and
+    on resume puts the saved one back at the start of that same epoch; transformers then skips the trained batches
+    of the same order and restores the checkpoint's own RNG state for the steps that remain."""
+
+    def __init__(self, restore: dict | None) -> None:
+        self.restore, self.start = restore, None
+
+    def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        batches = len(train_dataloader) if train_dataloader is not None else 0
+        per_epoch = max(-(-batches // args.gradient_accumulation_steps), 1)  # optimizer steps, as transformers counts
+        epoch = state.global_step // per_epoch
+        if self.restore is not None and int(self.restore["epoch"]) == epoch:
+            torch.set_rng_state(self.restore["cpu"])
+        self.restore = None  # only the resumed epoch: a checkpoint at an epoch's end restores its own state
+        self.start = {"epoch": epoch, "cpu": torch.get_rng_state()}
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.start is not None and state.is_world_process_zero:
+            torch.save(self.start, Path(args.output_dir) / f"checkpoint-{state.global_step}" / EPOCH_RNG_FILE)
 
 
 def stage_completed() -> None:

@@ -1,7 +1,7 @@
 """A tiny SFT run through pipeline.training.sft_train, as a subprocess of the fault tests.
 
-python tests/faults/sft_run.py OUT.json [LEARNING_RATE]: trains a 2-layer model from scratch for 8 optimizer
-steps on 64 arithmetic rows in the working directory (its params.yaml's `repro` section decides checkpoints
+python tests/faults/sft_run.py OUT.json [LEARNING_RATE [MAX_STEPS]]: trains a 2-layer model from scratch for 8
+optimizer steps (one epoch) on 64 arithmetic rows in the working directory (its params.yaml's `repro` section decides checkpoints
 and resume), then writes to OUT.json the loss of every step, the summary metrics, and the `weights_only`
 argument of every `torch.load` call. A diverged run exits 1 with its message, as a stage does.
 """
@@ -21,7 +21,7 @@ ROWS = [{"prompt": f"What is {a} plus {b}?\n", "rationale": f"Step 1: {a} + {b} 
         for a in range(8) for b in range(8)]
 
 
-def main(out: str, learning_rate: float = 3e-3) -> None:
+def main(out: str, learning_rate: float = 3e-3, max_steps: float = 8) -> None:
     import torch
 
     loads: list[object] = []
@@ -37,7 +37,7 @@ def main(out: str, learning_rate: float = 3e-3) -> None:
     model = build_student(BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=2, num_key_value_heads=2, vocab_size=200,
                                           max_position_embeddings=64), tokenizer)
-    cfg = SFTConfig(max_steps=8, per_device_train_batch_size=8, logging_steps=1, eval_steps=100,
+    cfg = SFTConfig(max_steps=int(max_steps), per_device_train_batch_size=8, logging_steps=1, eval_steps=100,
                     learning_rate=learning_rate, warmup_steps=0, max_eval_samples=8)
     logged: dict[int, float] = {}
 

@@ -1,9 +1,8 @@
-"""Resume and the divergence guard on a real TRL run (tests/faults/sft_run.py: 8 SFT steps of a tiny model).
+"""Resume and the divergence guard on a real TRL run (tests/faults/sft_run.py: SFT steps of a tiny model).
 
-Killed at step 6 with a checkpoint every 2 steps, the next run continues from step 4's checkpoint and trains
-exactly steps 5 to 8 on the same batches (every step's loss, and the run's mean `train_loss`, equal an
-uninterrupted run's); a changed run never
-resumes an old one; checkpoint state loads with weights_only; a NaN at step 5 stops the run naming the step and
+Killed at step 6 (or 12, in its second epoch) of 12 with a checkpoint every 2 steps, the next run continues from
+step 4's (10's) checkpoint and trains exactly the remaining steps on the same batches (every step's loss, and the
+run's mean `train_loss`, equal an uninterrupted run's); a changed run never resumes an old one; checkpoint state loads with weights_only; a NaN at step 5 stops the run naming the step and
 keeps step 4's checkpoint.
 """
 
@@ -34,43 +33,49 @@ def losses(folder: Path) -> dict[int, float]:
     return {int(k): v for k, v in json.loads((folder / "out.json").read_text())["losses"].items()}
 
 
+MAX_STEPS = "12"  # 8 optimizer steps an epoch (64 rows, batch 8): the run goes on into a second epoch
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("whole")
-    assert run(folder, 0).returncode == 0
+    assert run(folder, 0, "0.003", MAX_STEPS).returncode == 0
     assert not (folder / ".checkpoints").exists()  # checkpoint_steps 0: none
     return folder
 
 
-def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order_and_a_changed_one_does_not(
-        tmp_path, uninterrupted):
-    killed = run(tmp_path, 2, fault="kill@step:6")
+@pytest.mark.parametrize("kill, kept", [(6, 4), (12, 10)], ids=["in the first epoch", "in the second epoch"])
+def test_a_killed_run_resumes_with_exactly_the_remaining_steps_in_the_same_order(tmp_path, uninterrupted, kill, kept):
+    """In the second epoch, the length-grouped order is drawn from the RNG as it stood at that epoch's start, which
+    a fresh process does not have: the checkpoint carries it (checkpoints.EPOCH_RNG_FILE)."""
+    killed = run(tmp_path, 2, "0.003", MAX_STEPS, fault=f"kill@step:{kill}")
     assert killed.returncode == -signal.SIGKILL
     (folder,) = (tmp_path / ".checkpoints").iterdir()
-    assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
-    saved = json.loads((folder / "checkpoint-4" / "pipeline_loss_sum.json").read_text())["loss_sum"]
-    assert saved == pytest.approx(sum(losses(uninterrupted)[s] for s in range(1, 5)), rel=1e-4)  # steps 1-4
+    assert {p.name for p in folder.glob("checkpoint-*")} == {f"checkpoint-{kept - 2}", f"checkpoint-{kept}"}
+    saved = json.loads((folder / f"checkpoint-{kept}" / "pipeline_loss_sum.json").read_text())["loss_sum"]
+    assert saved == pytest.approx(sum(losses(uninterrupted)[s] for s in range(1, kept + 1)), rel=1e-4)
 
-    resumed = run(tmp_path, 2)
+    resumed = run(tmp_path, 2, "0.003", MAX_STEPS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
-    assert sorted(losses(tmp_path)) == [5, 6, 7, 8]  # steps 1-4 came from the checkpoint, none trained twice
-    assert out["metrics"]["steps"] == 8
+    assert sorted(losses(tmp_path)) == list(range(kept + 1, 13))  # the checkpoint's steps are not trained twice
+    assert out["metrics"]["steps"] == 12
     whole = json.loads((uninterrupted / "out.json").read_text())
     for step, loss in losses(tmp_path).items():  # the same batches in the same order: the same losses
         assert loss == pytest.approx(losses(uninterrupted)[step], rel=1e-5, abs=1e-6), step
-    # the mean over all 8 steps, not transformers' over the 4 resumed ones
+    # the mean over all 12 steps, not transformers' over the resumed ones
     assert out["metrics"]["train_loss"] == pytest.approx(whole["metrics"]["train_loss"], abs=2e-4)
-    later = sum(losses(tmp_path).values()) / 4
+    later = sum(losses(tmp_path).values()) / (12 - kept)
     assert abs(later - whole["metrics"]["train_loss"]) > 1e-3  # the check can fail: the resumed steps' mean differs
     assert out["loads"] and all(w is True for w in out["loads"]), out["loads"]  # optimizer, scheduler, RNG
 
-    # the run's checkpoints are still there (outside a stage nothing removes them), but a changed run, another
-    # learning rate and so another key, does not resume them: it trains from step 1 in a folder of its own
-    changed = run(tmp_path, 2, "0.002")
-    assert changed.returncode == 0, changed.stderr[-3000:]
-    assert sorted(losses(tmp_path)) == list(range(1, 9))
-    assert len(list((tmp_path / ".checkpoints").iterdir())) == 2
+    if kept == 4:
+        # the run's checkpoints are still there (outside a stage nothing removes them), but a changed run, another
+        # learning rate and so another key, does not resume them: it trains from step 1 in a folder of its own
+        changed = run(tmp_path, 2, "0.002", MAX_STEPS)
+        assert changed.returncode == 0, changed.stderr[-3000:]
+        assert sorted(losses(tmp_path)) == list(range(1, 13))
+        assert len(list((tmp_path / ".checkpoints").iterdir())) == 2
 
 
 def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
