@@ -92,16 +92,26 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
             _stand_ins.remove(stand_in)
             shutil.rmtree(stand_in, ignore_errors=True)
         return
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(final.parent, (f".{final.name}.tmp-", f".{final.name}.old-"))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(final.parent, (f".{final.name}.tmp-", f".{final.name}.old-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise InputError(f"{final}: cannot write into {final.parent}: {exc.strerror}; {final} is left as it "
+                             "was") from None
+        raise
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would keep a shared project's outputs from the group
     try:
         yield tmp
-    except OSError as exc:
+    except (OSError, DiskFull) as exc:  # DiskFull: a file of ours (atomic_write_text) inside the folder
         shutil.rmtree(tmp, ignore_errors=True)
-        if exc.errno in DISK_FULL:
-            raise DiskFull(f"{final}: {exc.strerror} while writing {exc.filename or tmp}; {final} is left as it "
-                           "was (free some space and re-run the stage)") from exc
+        cause = exc.__cause__ if isinstance(exc, DiskFull) else exc
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL:
+            file = Path(getattr(exc, "path", None) or cause.filename or tmp)
+            file = file.relative_to(tmp) if file.is_relative_to(tmp) else file  # the temporary folder is gone
+            raise DiskFull(f"{final}: {cause.strerror} while writing {file}; {final} is left as it was (free some "
+                           "space and re-run the stage)") from cause
         raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -122,6 +132,12 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 class DiskFull(InputError):
     """A write failed for lack of space; the message names the output and the file, and the old output stands."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _remove_stale(folder: Path, prefixes: tuple[str, ...]) -> None:
@@ -151,11 +167,14 @@ def atomic_write_text(path: Path | str, text: str) -> None:
                 fh.write(text[: len(text) // 2])
                 raise faults.disk_full(path)
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600, as a plain open() would not leave it
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         if exc.errno in DISK_FULL:
-            raise DiskFull(f"{path}: {exc.strerror}; {path} is left as it was (free some space and re-run)") from exc
+            full = DiskFull(f"{path}: {exc.strerror}; {path} is left as it was (free some space and re-run)")
+            full.path = path  # for atomic_dir, when `path` lies in its temporary folder
+            raise full from exc
         raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
