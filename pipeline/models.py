@@ -19,7 +19,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
                           Qwen2Config, Qwen2ForCausalLM)
 
 from pipeline import sharding
-from pipeline.config import BaseModelConfig, TeacherConfig, active_section, watched
+from pipeline.config import LOCAL_RULE, BaseModelConfig, TeacherConfig, active_section, is_local, watched
 from pipeline.flows import phase
 from pipeline.io import InputError, rank
 
@@ -200,6 +200,23 @@ def adapter_base(folder: Path, named: str | None) -> Path | None:
     return next((parent / named for parent in folder.resolve().parents if (parent / named).is_dir()), None)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def check_local_folder(path: str) -> None:
+    """A path that names a local folder (config.is_local) must be one, with a tokenizer file: missing, transformers
+    would look the path up on the Hub (minutes of retries offline); without tokenizer.json it would build an empty
+    tokenizer from tokenizer_config.json alone, which encodes every prompt as nothing."""
+    if not is_local(path):
+        return
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise InputError(f"{path}: no such model folder ({LOCAL_RULE})")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(f"{path}: no tokenizer file in it ({', '.join(TOKENIZER_FILES[:2])}, ...): restore it (dvc "
+                         "checkout) or save the tokenizer beside the weights")
+
+
 @phase("load model")
 def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None):
     """A causal LM and its tokenizer from a local folder or a Hub id (offline with HF_HUB_OFFLINE=1).
@@ -209,11 +226,17 @@ def load_model(path: Path | str, dtype: torch.dtype | str | None = None, device:
     evaluate) use a GPU when there is one, as the trainers do.
     """
     path = str(path)
+    check_local_folder(path)
     try:
         tokenizer = load_tokenizer(path)
         model = load_weights(path, dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # missing, truncated or corrupted files
         raise InputError(f"{path}: cannot load model/tokenizer: {exc}") from exc
+    if damaged := [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]:
+        # bytes damaged inside the tensor data (the header still parses), or weights saved by a diverged run:
+        # sampling would fail later on "probability tensor contains inf or nan", training on a NaN loss
+        raise InputError(f"{path}: {len(damaged)} weight tensor(s) hold NaN or infinite values ({damaged[0]}, ...): "
+                         "the file is damaged or the model diverged; restore it (dvc checkout) or re-run its stage")
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:  # batched decoding and every trainer pad with one of the two
             raise InputError(f"{path}: its tokenizer has neither a pad nor an EOS token; give it one "

@@ -146,6 +146,36 @@ def test_a_tokenizer_without_pad_or_eos_fails_naming_the_folder(tmp_path):
         load_model(tmp_path / "m", device="cpu")
 
 
+def test_a_damaged_local_model_is_named_before_it_samples_nonsense(tmp_path, monkeypatch):
+    """A mistyped or missing folder, a folder whose tokenizer.json is gone (transformers would build an empty
+    tokenizer from tokenizer_config.json, and sampling failed on a reshape of 0 elements), and weights holding NaN
+    (bytes damaged in the tensor data, or a diverged run): each an InputError naming the folder, before any work."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.io import InputError
+
+    tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
+    cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    save_model(build_student(cfg, tok), tok, tmp_path / "models/sft")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=r"models/sftt: no such model folder \(a local path"):
+        load_model("models/sftt", device="cpu")
+    load_model("models/sft", device="cpu")  # as saved: loads
+    (tmp_path / "models/sft/tokenizer.json").rename(tmp_path / "tokenizer.json")
+    with pytest.raises(InputError, match=r"models/sft: no tokenizer file in it \(tokenizer.json"):
+        load_model("models/sft", device="cpu")
+    (tmp_path / "tokenizer.json").rename(tmp_path / "models/sft/tokenizer.json")
+    weights = load_file(tmp_path / "models/sft/model.safetensors")
+    name = sorted(weights)[3]
+    weights[name][0] = float("nan")
+    save_file(weights, tmp_path / "models/sft/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match=rf"models/sft: 1 weight tensor\(s\) hold NaN or infinite values \({name}"):
+        load_model("models/sft", device="cpu")
+    assert torch.isnan(weights[name]).any()
+
+
 @pytest.mark.skipif(__import__("importlib").util.find_spec("flash_attn") is not None, reason="flash-attn installed")
 def test_flash_attention_without_its_package_is_refused_at_validation():
     from pipeline.config import ConfigError, ModelLoadConfig, check_attention
