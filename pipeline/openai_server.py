@@ -4,7 +4,8 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (the messages rendered by the
 tokenizer's chat template; without one, their contents concatenated) and
-`GET /v1/models`. No streaming, no `stop` sequences. One model call at a time
+`GET /v1/models`. No streaming, no `stop` sequences, no logprobs (each refused with a 400, as is a
+prompt plus `max_tokens` beyond the model's context, vLLM's rule). One model call at a time
 (a lock), each prompt decoded alone with `pipeline.generation.generate`, so a
 greedy answer equals `generate` on that prompt in-process. Serves the embedded
 teacher over HTTP, and the tests of `pipeline.openai_backend`.
@@ -29,7 +30,10 @@ from pipeline.generation import generate
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's default is the rest of the context
+# Accepted only at these values (OpenAI's defaults): anything else asks for what this server does not do.
+UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
+               "best_of": (None, 1)}
 
 # Called with each request's parsed body (after the key check): None to answer normally,
 # an int to answer with that HTTP status instead (e.g. 500), a float to sleep that many seconds first.
@@ -80,6 +84,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._answer(self._complete)
 
+    def _not_allowed(self) -> None:
+        def refuse() -> dict:
+            raise RequestError(405, f"method {self.command} is not allowed (GET /v1/models, POST completions)")
+
+        self._answer(refuse)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _not_allowed
+
     def _answer(self, route: Callable[[], dict]) -> None:
         try:
             status, body = 200, route()
@@ -124,21 +136,34 @@ class _Handler(BaseHTTPRequestHandler):
         return self._generate(body, prompts, chat)
 
     def _generate(self, body: dict, prompts: list[str], chat: bool) -> dict:
+        if body.get("model") is None:
+            raise RequestError(400, "model is required")
         if body.get("model") != self.server.model_name:
             raise RequestError(404, f"The model `{body.get('model')}` does not exist.", "not_found_error")
         if body.get("stream"):
             raise RequestError(400, "stream is not supported")
         if body.get("stop"):
             raise RequestError(400, "stop sequences are not supported")
+        for name, accepted in UNSUPPORTED.items():
+            if body.get(name) not in accepted:
+                raise RequestError(400, f"{name} is not supported")
+        tok = self.server.tokenizer
+        lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+        if not all(lengths):
+            raise RequestError(400, "a prompt is empty (no tokens to continue from)")
+        context = getattr(self.server.model.config, "max_position_embeddings", None) or 1 << 20
+        key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+        max_tokens = _number(body, key, context - max(lengths) if chat else DEFAULT_MAX_TOKENS, int, 1, 1 << 20)
+        if max(lengths) + max_tokens > context:  # vLLM's rule: past it the model has no positions left
+            raise RequestError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                                    f"{max(lengths) + max_tokens} tokens ({max(lengths)} in the prompt, {max_tokens} "
+                                    "in the completion). Please reduce the length of the prompt or completion.")
         n = _number(body, "n", 1, int, 1, 128)
-        max_tokens = _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                             else "max_tokens", DEFAULT_MAX_TOKENS, int, 1, 1 << 20)
         temperature = _number(body, "temperature", 1.0, float, 0.0, 2.0)
         top_p = _number(body, "top_p", 1.0, float, 1e-9, 1.0)
-        seed = _number(body, "seed", 0, int, -(1 << 63), 1 << 64)
+        seed = _number(body, "seed", 0, int, -(1 << 63), (1 << 64) - 1)  # torch's range
         if temperature == 0 and n > 1:
             raise RequestError(400, "n > 1 needs temperature > 0 (greedy decoding gives one completion)")
-        tok = self.server.tokenizer
         with self.server.model_lock:
             outputs = [generate(self.server.model, tok, [p], max_new_tokens=max_tokens, do_sample=temperature > 0,
                                 temperature=temperature, top_p=top_p, num_return_sequences=n, seed=seed or 0,
@@ -152,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 choice["text"] = gen.text
             choices.append(choice)
-        prompt_tokens = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+        prompt_tokens = sum(lengths)
         completion_tokens = sum(gen.tokens for out in outputs for gen in out)
         return {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -168,6 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if length is None:
             raise RequestError(411, "Content-Length is required")
+        if not length.isdigit():  # int() would take "-1", and read(-1) waits for the client to close
+            self.close_connection = True  # the body's end is unknown: the connection cannot carry another request
+            raise RequestError(400, f"Content-Length must be a whole number of bytes, not {length!r}")
         raw = self.rfile.read(int(length))
         try:
             body = json.loads(raw or b"{}")
@@ -190,11 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _prompts(prompt: Any) -> list[str]:
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and prompt:
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         return prompt
-    raise RequestError(400, "prompt must be a string or a non-empty list of strings")
+    raise RequestError(400, "prompt must be a non-empty string or a non-empty list of strings")
 
 
 def _chat_prompt(messages: Any, tokenizer=None) -> str:
@@ -251,7 +279,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     name = args.served_model_name or args.model_dir
-    server = make_server(model, tokenizer, args.host, args.port, api_key=api_key, model_name=name)
+    try:
+        server = make_server(model, tokenizer, args.host, args.port, api_key=api_key, model_name=name)
+    except OSError as exc:  # the port is taken, or the host is not this machine's
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
     log.info("serving %s at %s%s", name, server.url, " (API key required)" if api_key else "")
     try:
         server.serve_forever()

@@ -194,3 +194,47 @@ def test_wrong_model_name_is_a_clear_error(tiny):
         sampler = OpenAISampler(server.url, "no-such-model", max_retries=1)
         with pytest.raises(TeacherRequestError, match=r"NotFoundError \(HTTP 404\).*no-such-model"):
             sampler.sample(PROMPTS, temperature=0.0, max_new_tokens=8, seed=0)
+
+
+def test_requests_the_server_cannot_serve_get_a_400_not_a_500_or_a_hang(tiny):
+    """An audit's requests: max_tokens past the model's context (it generated for minutes, holding the model lock
+    against every later request), an empty prompt, a seed past torch's range, a bad or negative Content-Length
+    (read(-1) waited for the client to close), logprobs (silently null), a missing model, another method."""
+    import http.client
+    import json
+
+    def ask(conn, body: dict | None = None, *, method: str = "POST", path: str = "/v1/completions",
+            headers: dict | None = None, raw: bytes | None = None) -> tuple[int, dict]:
+        data = raw if raw is not None else json.dumps(body).encode()
+        conn.putrequest(method, path)
+        for key, value in {"Content-Type": "application/json", "Content-Length": str(len(data)),
+                           **(headers or {})}.items():
+            conn.putheader(key, value)
+        conn.endheaders(data)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+
+    with serving(tiny) as server:
+        host, port = server.server_address[:2]
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        ok = {"model": "local", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+        assert ask(conn, ok)[0] == 200
+        status, body = ask(conn, {**ok, "max_tokens": 1 << 20})
+        assert status == 400 and body["error"]["message"].startswith("This model's maximum context length is 512 "
+                                                                      "tokens. However, you requested")
+        for bad, message in (({"prompt": ""}, "prompt must be a non-empty string"),
+                             ({"seed": 1 << 64}, "seed must be between"),
+                             ({"logprobs": 2}, "logprobs is not supported"),
+                             ({"echo": True}, "echo is not supported"),
+                             ({"model": None}, "model is required")):
+            status, body = ask(conn, {**ok, **bad})
+            assert (status, body["error"]["message"][:len(message)]) == (400, message), bad
+        chat = {"model": "local", "messages": [{"role": "user", "content": "what is 3+4?"}], "temperature": 0}
+        status, body = ask(conn, chat, path="/v1/chat/completions")
+        assert status == 200 and body["usage"]["completion_tokens"] > 16  # the rest of the context, not 16
+        assert ask(conn, ok, method="PUT")[0] == 405
+        for length in ("abc", "-1"):
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            status, body = ask(conn, ok, headers={"Content-Length": length}, raw=b"")
+            assert status == 400 and "Content-Length must be a whole number" in body["error"]["message"], length
+        assert ask(http.client.HTTPConnection(host, port, timeout=30), ok)[0] == 200  # still serving
