@@ -253,7 +253,9 @@ def _report(args: argparse.Namespace) -> int:
 def _pass_sigterm_on() -> None:
     """SIGTERM to this run (a scheduler's timeout, a cancelled deployment) stops what it started too: `dvc repro`
     does not pass it to the stage it runs, which would go on, orphaned. Then this process exits 143, stopping
-    its Prefect server on the way out."""
+    its Prefect server on the way out. Ctrl-C (SIGINT, to the whole foreground group) likewise: one line and exit
+    130, not a KeyboardInterrupt traceback from wherever each process was; a SIGINT ignored at start (a job
+    started with & by a shell) stays ignored."""
     import signal
 
     import psutil
@@ -262,6 +264,7 @@ def _pass_sigterm_on() -> None:
         from pipeline.runlock import stop_tree
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for child in psutil.Process().children():
             try:
                 if "pipeline.tether" in child.cmdline():
@@ -271,10 +274,13 @@ def _pass_sigterm_on() -> None:
             except psutil.Error:
                 continue
             stop_tree(child.pid)
-        print(f"error: stopped by signal {signum}; what it was running was stopped too", file=sys.stderr)
+        print(f"error: stopped by signal {signum} ({signal.Signals(signum).name}); what it was running was stopped "
+              "too", file=sys.stderr)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, stop)
 
 
 def _note_dead_locks(pids: list[int]) -> None:

@@ -145,7 +145,7 @@ def _is_expected(exc: BaseException) -> bool:
 
 
 def _die_on_sigterm(name: str) -> None:
-    """SIGTERM ends the stage process at once (exit 143), its output not put in place.
+    """SIGTERM (or Ctrl-C's SIGINT) ends the stage process at once (exit 143 or 130), its output not put in place.
 
     Prefect's own handler marks the flow run Crashed but can leave the process alive (seen with Prefect 3.9:
     a stage went on training, orphaned, after its `dvc repro` was gone). The next run removes the
@@ -163,6 +163,8 @@ def _die_on_sigterm(name: str) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # Ctrl-C reaches the stage too: no traceback
+        signal.signal(signal.SIGINT, terminate)
 
 
 def phase(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -53,9 +53,11 @@ def test_synthesize_killed_before_its_output_is_in_place(repo, tmp_path):
     assert "up to date" in stale(repo, "synthesize")
 
 
-def test_sigterm_to_the_run_stops_its_stage_and_its_server(repo, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM to the run", "Ctrl-C"])
+def test_sigterm_to_the_run_stops_its_stage_and_its_server(repo, tmp_path, signum):
     """A scheduler's timeout or a cancelled deployment sends SIGTERM to the run alone: the stage it runs (which
-    DVC does not pass the signal to) and its Prefect server stop too, and the run exits 143."""
+    DVC does not pass the signal to) and its Prefect server stop too, and the run exits 143. Ctrl-C sends SIGINT
+    to the whole foreground group: the same, exit 130, one line and no KeyboardInterrupt traceback."""
     seen = {p.name.split("-")[1] for p in (repo / "data").glob(".synthesize.tmp-*")}
     env = {**own_server_env(tmp_path / "home"), "PIPELINE_FAULT": "stall:300@commit:data/synthesize"}
     proc = start([PYTHON, "-m", "pipeline", "repro", "--force", "synthesize"], repo, env, log=tmp_path / "run.log")
@@ -67,12 +69,18 @@ def test_sigterm_to_the_run_stops_its_stage_and_its_server(repo, tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
             time.sleep(0.2)
         server = lock_record(repo)["server"]["pid"]
-        os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, (tmp_path / "run.log").read_text()[-3000:]
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signum, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         kill_session(proc)
     assert not wait_gone(lambda: live_processes(pgid=proc.pid)), "the stage outlived the run"
     assert not wait_gone(lambda: live_processes(sid=server)), "the Prefect server outlived the run"
+    log = (tmp_path / "run.log").read_text()
+    assert f"error: stopped by signal {int(signum)} ({signum.name}); what it was running was stopped too" in log
+    assert "KeyboardInterrupt" not in log, log[-3000:]
     assert not (repo / "data/synthesize").exists()
     sh([PYTHON, "-m", "pipeline", "repro", "synthesize"], repo)
     assert "up to date" in stale(repo, "synthesize")
