@@ -70,6 +70,9 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     (`pipeline.launch`); each of those ranks runs `body` here again, without a flow (`_run_rank`)."""
     from pipeline import launch
 
+    # run directly (python -m stages.sft), the stage goes by its own name where DVC would give it (its checkpoints'
+    # folder, so either way of running resumes the other's, and its messages: "sft: training diverged", not "run:")
+    os.environ.setdefault("DVC_STAGE", name)
     if launch.in_rank():
         return _run_rank(name, body, *args)
     with expected_errors():
