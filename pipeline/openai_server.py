@@ -214,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError(401, "Incorrect API key provided.", "invalid_api_key")
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)  # the request line only, never headers
+        log.info("%s %s", self.address_string(), format % args)  # the request line and status, never headers
 
 
 def _prompts(prompt: Any) -> list[str]:

@@ -20,6 +20,7 @@ from pipeline import paths
 from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
+from pipeline.plots import fill_skipped
 from pipeline.models import build_teacher, count_parameters, load_tokenizer, save_model
 from pipeline.training import sft_train
 
@@ -52,9 +53,10 @@ def _reference(cfg: TeacherConfig) -> None:
     record = {"backend": cfg.backend, **{k: getattr(cfg, k) for k in REFERENCE_FIELDS[cfg.backend]}}
     with atomic_dir(paths.model_dir("teacher")) as out:
         write_manifest(out, "teacher", cfg, name=paths.MODEL_MANIFEST, teacher_backend=record)
-    # The live folder is a declared output; an external teacher has no curves.
-    with atomic_dir(paths.live_dir("teacher")):
-        pass
+    # The live folder is a declared output; an external teacher has no curves: their header-only stand-ins, so that
+    # DVC finds neither an empty output nor a plot it cannot load
+    with atomic_dir(paths.live_dir("teacher")) as live:
+        fill_skipped(live, "teacher", f"no training: the teacher is {cfg.backend} {cfg.model}")
     metrics = {"backend": cfg.backend}
     stage_logger().info("teacher: %s %s", cfg.backend, cfg.model)
     write_json(paths.metrics_file("teacher"), metrics)

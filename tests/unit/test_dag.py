@@ -126,7 +126,8 @@ def test_a_skipped_part_leaves_every_declared_plot_drawable(tmp_path):
     from pipeline.plots import fill_skipped
 
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
-    for stage, reason in (("base", "drills skipped"), ("animate", "no charts"), ("dpo", "no pairs")):
+    for stage, reason in (("base", "drills skipped"), ("animate", "no charts"), ("dpo", "no pairs"),
+                          ("teacher", "an endpoint")):
         live = tmp_path / stage
         live.mkdir()
         written = fill_skipped(live, stage, reason, ROOT / "dvc.yaml")
