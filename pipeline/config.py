@@ -83,9 +83,6 @@ class SynthesizeConfig(Section):
             raise ValueError("min_chain_length must be <= max_chain_length")
         if self.n_ood and not (self.max_chain_length < self.ood_min_chain_length <= self.ood_max_chain_length):
             raise ValueError("need max_chain_length < ood_min_chain_length <= ood_max_chain_length")
-        if self.n_ood and self.max_categories < 3:  # measured: the generator gave up on every ood question
-            raise ValueError("max_categories 2: tables of two categories cannot carry the ood split's chains of 3 or "
-                             "more functions; set max_categories >= 3 or n_ood: 0")
         if any(w < 0 for w in self.answer_type_weights.values()) or not sum(self.answer_type_weights.values()) > 0:
             raise ValueError("answer_type_weights: shares must be >= 0 with a positive sum (leave a type out to drop "
                              "it)")

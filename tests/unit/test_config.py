@@ -70,7 +70,6 @@ def test_cross_field_rule(tmp_path):
     ("synthesize", {"answer_type_weights": {"number": 0, "binary": 0, "text": 0}}, r"a positive sum"),
     ("synthesize", {"answer_type_weights": {"number": -1, "binary": 1}}, r"shares must be >= 0"),
     ("synthesize", {"ood_held_out_pairs": ["foo"]}, r"'foo' is not 'f>g' with known functions"),
-    ("synthesize", {"min_categories": 2, "max_categories": 2}, r"max_categories 2: .*set max_categories >= 3"),
     ("prm_data", {"policy": "sftt"}, r"prm_data.policy: .*'sft'"),
     ("prm_data", {"policy": "prm"}, r"prm_data.policy: "),
     ("evaluate", {"decoding": {"prm": "nonexistent"}}, r"evaluate.decoding.prm: .*'prm'"),
@@ -87,8 +86,6 @@ def test_settings_that_used_to_fail_mid_stage_or_mislead_are_refused(tmp_path, s
     path = write(tmp_path, {section: values})
     with pytest.raises(ConfigError, match=message):
         validate_all(path)
-    assert load_section("synthesize", path=write(tmp_path, {"synthesize": {"min_categories": 2, "max_categories": 2,
-                                                                         "n_ood": 0}})).max_categories == 2
 
 
 def test_a_missing_section_or_key_is_named(tmp_path):
