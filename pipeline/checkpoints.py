@@ -55,7 +55,9 @@ class Diverged(StageFailed):
 
 def train(trainer, stage_cfg: Any, label: str | None = None):
     """`trainer.train()` guarded, checkpointed and resumed as `repro` says; returns its TrainOutput."""
-    label = label or os.environ.get("DVC_STAGE", "run").replace("@", "-")
+    from pipeline.flows import current_stage
+
+    label = label or (os.environ.get("DVC_STAGE") or current_stage or "run").replace("@", "-")
     repro = active_section("repro")
     folder = None
     resume_from = None

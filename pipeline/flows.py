@@ -63,6 +63,12 @@ def expected_errors() -> Iterator[None]:
         fail(f"{exc.filename}: {exc.strerror}")
 
 
+# The stage this process runs (run_stage's name): run directly (python -m stages.sft), without DVC's DVC_STAGE, a
+# stage still goes by its own name (its checkpoints' folder, which a dvc repro run then resumes; "sft: training
+# diverged", not "run:").
+current_stage: str | None = None
+
+
 def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message.
 
@@ -70,9 +76,8 @@ def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     (`pipeline.launch`); each of those ranks runs `body` here again, without a flow (`_run_rank`)."""
     from pipeline import launch
 
-    # run directly (python -m stages.sft), the stage goes by its own name where DVC would give it (its checkpoints'
-    # folder, so either way of running resumes the other's, and its messages: "sft: training diverged", not "run:")
-    os.environ.setdefault("DVC_STAGE", name)
+    global current_stage
+    current_stage = name  # not os.environ: stages run in one process (the tests) would pass it on to the next
     if launch.in_rank():
         return _run_rank(name, body, *args)
     with expected_errors():
