@@ -101,6 +101,8 @@ def require_template(tokenizer, source: object = None) -> None:
 
 # A loadable model folder's weights: one safetensors file, its shards' index, or a LoRA adapter on a base
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_config.json")
+# A tokenizer's definition: tokenizer_config.json alone is not one (transformers builds an empty tokenizer from it)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
 def _check_local_model(key: str, folder: Path, path: Path | str) -> None:
@@ -115,8 +117,8 @@ def _check_local_model(key: str, folder: Path, path: Path | str) -> None:
                 if any(name.endswith((".bin", ".pt", ".pth")) for name in found) else "")
         raise ConfigError(f"{path}: {key}: {folder}: no model.safetensors (or its shards' index) in it; found "
                           f"{', '.join(found) or 'nothing'}{hint}")
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                                                      "vocab.json")) and not (folder / "adapter_config.json").is_file():
+    tokenizer = any((folder / name).is_file() for name in TOKENIZER_FILES)
+    if not tokenizer and not (folder / "adapter_config.json").is_file():
         raise ConfigError(f"{path}: {key}: {folder}: no tokenizer files (tokenizer.json, tokenizer_config.json); save "
                           "the tokenizer beside the weights (tokenizer.save_pretrained(folder))")
 

@@ -19,6 +19,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
                           Qwen2Config, Qwen2ForCausalLM)
 
 from pipeline import sharding
+from pipeline.chat import TOKENIZER_FILES
 from pipeline.config import LOCAL_RULE, BaseModelConfig, TeacherConfig, active_section, is_local, watched
 from pipeline.flows import phase
 from pipeline.io import InputError, rank
@@ -198,9 +199,6 @@ def adapter_base(folder: Path, named: str | None) -> Path | None:
     if Path(named).is_absolute():
         return None
     return next((parent / named for parent in folder.resolve().parents if (parent / named).is_dir()), None)
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
 def check_local_folder(path: str) -> None:
