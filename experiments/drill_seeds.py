@@ -46,9 +46,12 @@ def main() -> None:
     for seed in args.seeds:
         start = time.time()
         model = build_student(cfg.model_copy(update={"seed": seed}), tokenizer)
-        drills = train_drills(model, tokenizer, cfg.drills, synth)
+        checks = {}
+        drills = train_drills(model, tokenizer, cfg.drills, synth, lambda name, step, value: checks.setdefault(
+            name.split("/")[0], []).append([step, value]) if name.endswith("check_exact") else None)
         print(json.dumps({"vocab": len(tokenizer), "seed": seed, "colour": drills["colour"]["exact"],
                           "numbers": drills["numbers"]["exact"], "by_key": drills["numbers"]["exact_by_key"],
+                          "steps": [drills["colour"]["steps"], drills["numbers"]["steps"]], "checks": checks,
                           "seconds": round(time.time() - start)}), flush=True)
 
 

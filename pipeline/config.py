@@ -104,9 +104,19 @@ class DrillConfig(Section):
     """`base.drills`: table-reading drills a student built from scratch trains on before SFT (pipeline/drills.py)."""
 
     seed: int = Field(0, ge=0, description="RNG seed of the random tables and the keys asked")
-    colour_steps: int = Field(2000, ge=0, description="steps of every key asked in turn, values as colour words (0: skip)")
-    number_steps: int = Field(1000, ge=0, description="steps of one key asked, the chart's own numbers (0: skip)")
-    learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine)")
+    colour_steps: int = Field(6000, ge=0, description="most steps of every key asked in turn, values as colour words "
+                              "(0: skip)")
+    number_steps: int = Field(3000, ge=0, description="most steps of the numbers drill, the chart's own table line "
+                              "(0: skip)")
+    number_task: Literal["multi", "lookup"] = Field(
+        "multi", description="numbers drill: multi asks every key of a table in turn, lookup one key (multi learns "
+        "the lookup from more inits: study `drills-until-they-read`)")
+    check_every: int = Field(250, ge=0, description="steps between checks of a drill on its check tables; it stops "
+                             "once they read `stop_at` (0: every step is run)")
+    check_tables: int = Field(100, ge=1, description="held-out random tables the checks ask (others than `val_tables`)")
+    stop_at: float = Field(0.98, ge=0, le=1, description="check tables' exact match at which a drill stops")
+    learning_rate: float = Field(1e-3, gt=0, lt=1, description="peak AdamW learning rate (5% warm-up, cosine over "
+                                 "the most steps, so a drill that stops early stops at a high rate)")
     batch_size: int = Field(16, ge=1, description="drills per optimizer step")
     val_tables: int = Field(200, ge=1, description="held-out random tables the exact-match metrics ask")
     gate: float = Field(0.9, ge=0, le=1, description="numbers drill: held-out exact match an init should reach; "
@@ -189,9 +199,8 @@ def derive_model_dependency(section: "BaseModelConfig | TeacherConfig", loaded: 
 class BaseModelConfig(Section):
     """`base`: the tokenizer and the student before SFT (built from scratch and drilled, or loaded)."""
 
-    seed: int = Field(3, ge=0, description="RNG seed for weight init (3: an init whose drills learn the table reading on "
-                      "the default's data, chosen on the drills' own held-out tables; why: study "
-                      "`quick-default-under-ten-minutes`)")
+    seed: int = Field(0, ge=0, description="RNG seed for weight init (every init tried learns the table reading in "
+                      "drills that run until they read it: study `drills-until-they-read`)")
     model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
     model_dependency: str = Field(
         NO_MODEL_DEPENDENCY, min_length=1, description="the folder DVC watches for `base`: `model` when it is a local "

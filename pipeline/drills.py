@@ -9,7 +9,11 @@ on the table line alone:
 
 1. colour: every key of a new random table asked in turn, each value replaced by
    a colour word (one token, no digits to chain), which it learns first;
-2. numbers: one key of a new random table asked, the chart's own table line.
+2. numbers: the chart's own table line, every key of a new random table asked
+   in turn (`base.drills.number_task: multi`; `lookup` asks one key).
+
+Each drill runs until held-out check tables read `base.drills.stop_at` (at most
+its step count), so a slow init or machine drills longer instead of missing.
 
 A drill's prompt is the synthesized prompt's chart header and table line (the
 same verbalizer as the questions), then "Value for <key>:"; the target repeats
@@ -119,9 +123,12 @@ def target_loss(model, batch: Sequence[Pair], pad: int) -> torch.Tensor:
 
 
 def fit(model, pad: int, steps: int, batch: Callable[[], Sequence[Pair]], lr: float,
-        report: Callable[[int, float], None], reports: int = 5, desc: str | None = None) -> None:
-    """`steps` AdamW steps on batch(): 5% warmup, cosine decay; report(step, loss) `reports` times.
+        report: Callable[[int, float], None], reports: int = 5, desc: str | None = None,
+        until: Callable[[int], bool] | None = None, every: int = 0) -> int:
+    """At most `steps` AdamW steps on batch(): 5% warmup, cosine decay; report(step, loss) `reports` times.
 
+    With `until` and `every`, until(step) is asked every `every` steps and a True stops the loop there
+    (reported too, so a short run still has a last loss). Returns the steps taken.
     `desc` names a progress bar (none without it: for a caller that prints its own lines).
     """
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -136,8 +143,13 @@ def fit(model, pad: int, steps: int, batch: Callable[[], Sequence[Pair]], lr: fl
         opt.step()
         sched.step()
         opt.zero_grad()
-        if (step + 1) % max(steps // reports, 1) == 0:
-            report(step + 1, loss.item())
+        done = step + 1
+        stop = until is not None and every > 0 and done % every == 0 and done < steps and until(done)
+        if done % max(steps // reports, 1) == 0 or stop:
+            report(done, loss.item())
+        if stop:
+            return done
+    return steps
 
 
 @torch.no_grad()
@@ -173,21 +185,28 @@ def exact(model, tokenizer, pairs: Sequence[tuple[str, str]], by_kind: bool = Fa
 def train_drills(model, tokenizer, cfg: DrillConfig, synth: SynthesizeConfig, log=None) -> dict:
     """The colour drill, then the numeric lookup drill, on new seeded random tables; their metrics.
 
-    `log(name, step, value)` receives each drill's loss five times and its
-    validation exact match at the end (for curves). Validation asks one key of
-    each of `cfg.val_tables` tables drawn before any training table, so the
-    questions do not depend on the step counts and a run repeats exactly. Returns per drill: steps, last logged loss, seconds and
-    greedy exact match (numbers: also by key kind, a random value of the table
-    scoring about 1/3).
+    `log(name, step, value)` receives each drill's loss five times, its check tables' exact match
+    at every check, and its validation exact match at the end (for curves). Validation asks one
+    key of each of `cfg.val_tables` tables drawn before any training table, so the questions do
+    not depend on the step counts and a run repeats exactly. With `cfg.check_every`, a drill
+    stops before its last step once `cfg.check_tables` other held-out tables (a stream of their
+    own, seed + 1, so that validation stays unseen by the stop) read `cfg.stop_at`: whether and
+    when the lookup clicks depends on the init and on the machine's arithmetic, so a drill runs
+    until it has, not for a count tuned on one machine (docs/experiments/drills-until-they-read.md).
+    Returns per drill: steps taken, last logged loss, seconds and greedy exact match (numbers:
+    also by key kind, a random value of the table scoring about 1/3).
     """
     rng = random.Random(cfg.seed)
     val_tables = [table_row(random_table(rng, synth)) for _ in range(cfg.val_tables)]
     val = {values: [drill("lookup", row, rng, values) for row in val_tables] for values in ("colour", "chart")}
+    check_rng = random.Random(cfg.seed + 1)
+    check_tables = [table_row(random_table(check_rng, synth)) for _ in range(cfg.check_tables)]
+    check = {values: [drill("lookup", row, check_rng, values) for row in check_tables] for values in ("colour", "chart")}
     pad = pad_id(tokenizer)
     log = log or (lambda name, step, value: None)
     metrics = {}
     for name, task, values, steps in (("colour", "multi", "colour", cfg.colour_steps),
-                                      ("numbers", "lookup", "chart", cfg.number_steps)):
+                                      ("numbers", cfg.number_task, "chart", cfg.number_steps)):
         if not steps:
             continue
         start, losses = time.time(), []
@@ -200,10 +219,16 @@ def train_drills(model, tokenizer, cfg: DrillConfig, synth: SynthesizeConfig, lo
             losses.append(loss)
             log(f"{name}/loss", step, loss)
 
-        fit(model, pad, steps, batch, cfg.learning_rate, report, desc=f"{name} drill")
+        def read(step: int, name=name, values=values) -> bool:
+            exact_share = exact(model, tokenizer, check[values])["all"]
+            log(f"{name}/check_exact", step, exact_share)
+            return exact_share >= cfg.stop_at
+
+        taken = fit(model, pad, steps, batch, cfg.learning_rate, report, desc=f"{name} drill", until=read,
+                    every=cfg.check_every)
         scores = exact(model, tokenizer, val[values], by_kind=name == "numbers")
-        log(f"{name}/val_exact", steps, scores["all"])
-        metrics[name] = {"steps": steps, "loss": round(losses[-1], 4), "seconds": round(time.time() - start, 1),
+        log(f"{name}/val_exact", taken, scores["all"])
+        metrics[name] = {"steps": taken, "loss": round(losses[-1], 4), "seconds": round(time.time() - start, 1),
                          "exact": scores.pop("all"), **({"exact_by_key": scores} if name == "numbers" else {})}
     return metrics
 

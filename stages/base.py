@@ -61,6 +61,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -
                     return build_student(cfg.model_copy(update={"seed": seed}), tokenizer).to(default_device())
 
                 model, drills, attempts = drill_until_read(build, cfg.seed, tokenizer, cfg.drills, synth, log)
+            fill_skipped(live_dir, "base", "no checks: base.drills.check_every is 0")  # the check curves' stand-ins
             init_seed = next(a["seed"] for a in attempts if a["kept"])
             start = snapshot(build(init_seed))  # seeded: the kept init's weights before the drills
             read = drills.get("numbers", {}).get("exact")

@@ -105,6 +105,48 @@ def test_train_drills_trains_both_drills_and_repeats_exactly():
     json.dumps(metrics)  # plain data, as metrics/base.json takes it
 
 
+def _drill_setup():
+    synth = SynthesizeConfig()
+    texts = [drills.table_row(drills.random_table(random.Random(i), synth))["prompt"] for i in range(60)]
+    return synth, train_tokenizer(texts + ["Value for Copy: ."] * 5, 300)
+
+
+def test_a_drill_stops_at_the_first_check_that_reads_stop_at_and_not_before():
+    synth, tokenizer = _drill_setup()
+    # stop_at 0: every check passes, so each drill stops at its first check (step 2), not at its 7 steps
+    cfg = DrillConfig(colour_steps=7, number_steps=7, batch_size=2, val_tables=5, check_every=2, check_tables=3,
+                      stop_at=0.0)
+    logged = []
+    metrics = drills.train_drills(build_student(TINY, tokenizer), tokenizer, cfg, synth,
+                                  lambda *entry: logged.append(entry))
+    assert [m["steps"] for m in metrics.values()] == [2, 2]
+    # the stop is reported (a last loss), then checked, then validated at the step it stopped
+    assert [(name, step) for name, step, _ in logged] == [
+        ("colour/loss", 1), ("colour/check_exact", 2), ("colour/loss", 2), ("colour/val_exact", 2),
+        ("numbers/loss", 1), ("numbers/check_exact", 2), ("numbers/loss", 2), ("numbers/val_exact", 2)]
+    # stop_at 1 on an untrained model: checks at 2, 4 and 6 fail, none at the last step (7), every step runs
+    logged.clear()
+    cfg = cfg.model_copy(update={"stop_at": 1.0, "number_steps": 0})
+    metrics = drills.train_drills(build_student(TINY, tokenizer), tokenizer, cfg, synth,
+                                  lambda *entry: logged.append(entry))
+    assert metrics["colour"]["steps"] == 7 and "numbers" not in metrics
+    assert [step for name, step, _ in logged if name == "colour/check_exact"] == [2, 4, 6]
+
+
+def test_the_numbers_drill_asks_every_key_or_one_as_number_task_says(monkeypatch):
+    synth, tokenizer = _drill_setup()
+    asked = []
+    real = drills.drill
+    monkeypatch.setattr(drills, "drill", lambda task, *args, **kw: asked.append((task, args[2])) or real(task, *args, **kw))
+    for task in ("multi", "lookup"):
+        asked.clear()
+        cfg = DrillConfig(colour_steps=0, number_steps=2, batch_size=3, val_tables=4, check_tables=2, number_task=task)
+        drills.train_drills(build_student(TINY, tokenizer), tokenizer, cfg, synth)
+        # held-out and check tables are single lookups (colour, then chart values); then 2 steps of 3 drills
+        assert asked == [("lookup", v) for v in ("colour",) * 4 + ("chart",) * 4 + ("colour",) * 2 + ("chart",) * 2] + [
+            (task, "chart")] * 6
+
+
 class Scripted:
     """A model whose greedy continuation of each prompt is a given text (no weights)."""
 
