@@ -79,6 +79,10 @@ def test_base(workspace, caplog):
     kept = next(a for a in metrics["inits"] if a["kept"])
     assert kept["seed"] == metrics["init_seed"] and kept["numbers_exact"] == metrics["drills"]["numbers"]["exact"]
     assert "none learned the lookup" in caplog.text  # said, not only in metrics
+    # checked every 3 steps (tiny's check_every) and never read stop_at: the check at step 3 is drawn, not one at 6
+    for curve in ("colour/check_exact", "numbers/check_exact"):
+        rows = (paths.live_dir("base") / "plots" / "metrics" / f"{curve}.tsv").read_text().splitlines()
+        assert [row.split("\t")[0] for row in rows] == ["step", "3"], curve
     for curve in ("colour/loss", "colour/val_exact", "numbers/loss", "numbers/val_exact"):
         assert (paths.live_dir("base") / "plots" / "metrics" / f"{curve}.tsv").exists(), curve
 
