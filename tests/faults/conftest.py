@@ -52,10 +52,18 @@ def start(args: list[str], cwd: Path, env: dict[str, str], log: Path | None = No
     """A run in a session of its own: the fault hook's SIGKILL of its process group spares pytest. Its output
     goes to a pipe (read it with communicate) or, for a run left alone a while, to `log`."""
     out = open(log, "w") if log is not None else subprocess.PIPE
+    # A suite started in the background (`make test &`) ignores SIGINT, and a run that starts with it ignored
+    # keeps ignoring it, as a shell's background job should: the run here starts as a terminal's would, with
+    # SIGINT handled (a handler, unlike SIG_IGN, is reset to the default across exec).
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
     finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if log is not None:
             out.close()
 
