@@ -101,7 +101,8 @@ def running(pid: int) -> bool:
 
 
 def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
-    """Drop the entries of dead processes from DVC's `rwlock` file; the PIDs dropped.
+    """Drop the entries of dead processes from DVC's `rwlock` file, and the file when a killed dvc left it empty;
+    the PIDs dropped.
 
     DVC removes an entry itself only when its PID does not exist, and a killed `dvc repro` whose parent died
     too can linger as a zombie until init reaps it, which DVC counts as running: the next `dvc` then refuses
@@ -113,8 +114,15 @@ def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
     if not path.exists():
         return []
     with make_lock(str(tmp / "rwlock.lock"), tmp_dir=str(tmp)):
+        text = path.read_text()
+        if not text.strip():
+            # DVC rewrites this file in place (opened "w", then json.dump): a dvc killed between the two (Ctrl-C
+            # reaches it with the run) leaves it empty, and every later dvc refuses it as corrupted. Under the guard
+            # no edit is under way, and DVC reads a missing file as no locks held.
+            path.unlink()
+            return []
         try:
-            data = json.loads(path.read_text() or "{}")
+            data = json.loads(text)
         except ValueError:
             return []  # DVC names a corrupted file itself
         dropped: set[int] = set()
