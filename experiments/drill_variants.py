@@ -1,8 +1,8 @@
-"""python -m experiments.drill_variants --seeds 0 1 2 --variants '{"name": "lr3e-4", "lr": 3e-4}' ...
+"""python -m experiments.drill_variants --seeds 0 1 2 --colour-steps 2000 --variants '{"name": "lr3e-4", "lr": 3e-4}' ...
 
 Which numbers drill learns the lookup from most inits? For each seed, stage
 base's colour drill once (its tokenizer, a fresh student at that seed, the
-drill tables of `base.drills.seed`), then each variant of the numbers drill
+drill tables of `base.drills.seed`; every step, no early stop), then each variant of the numbers drill
 from a copy of that drilled student and of the table stream, so the variants
 differ in nothing but their own keys:
 
@@ -76,7 +76,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = load_section("base", BaseModelConfig)
     colour_args = {"colour_steps": args.colour_steps, "learning_rate": args.colour_lr, "batch_size": args.colour_batch}
-    drills = cfg.drills.model_copy(update={"number_steps": 0} | {k: v for k, v in colour_args.items() if v is not None})
+    # every colour step runs (no early stop), so that the table stream below can be replayed step for step
+    drills = cfg.drills.model_copy(update={"number_steps": 0, "check_every": 0} | {
+        k: v for k, v in colour_args.items() if v is not None})
     synth = load_section("synthesize", SynthesizeConfig)
     rows = read_rows(paths.split_file("train"), required=("prompt", "rationale"))
     _, tokenizer = base_model(cfg, rows)
