@@ -671,8 +671,9 @@ class DecodingConfig(Section):
     same temperature.
     """
 
-    strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"]] = Field(
-        ["greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"], description="strategies reported"
+    strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts"]] = Field(
+        ["greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts"],
+        description="strategies reported"
     )
     prm: Literal["prm"] | None = Field("prm", description="the PRM under models/ (the prm stage's, a DVC dependency "
                                        "of evaluate; null: no PRM strategies)")
@@ -683,6 +684,9 @@ class DecodingConfig(Section):
     aggregation: Literal["min", "last", "mean"] = Field(
         "mean", description="best-of-N and beam search's final pick: a solution's score from its lines (chosen on "
         "val: studies `best-of-n-on-500-questions`, `best-of-8`)")
+    vote_aggregation: Literal["min", "last", "mean"] = Field(
+        "min", description="the PRM-weighted vote: a sample's weight from its lines (Math-Shepherd's weighted "
+        "self-consistency takes the minimum; study `best-of-8-sign-between-seeds`)")
     search_questions: int | None = Field(50, ge=1, description="beam search and PRM-MCTS: on the first N of the "
                                          "`questions` only, each then compared with greedy on those (null: all)")
     beam_width: int = Field(2, ge=1, description="beam search: paths kept per step")

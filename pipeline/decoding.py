@@ -2,13 +2,14 @@
 
 Strategies (DecodingConfig.strategies): `greedy`; `maj_at_n` (majority vote over
 N samples); `prm_best_of_n` (the sample the PRM scores highest, lines
-aggregated by min / last / mean); `prm_beam` (step-level beam search);
+aggregated by min / last / mean); `prm_weighted_vote` (the majority vote with
+each sample weighted by its PRM score); `prm_beam` (step-level beam search);
 `prm_mcts` (MCTS with the PRM in place of rollouts). Each reports accuracy,
 accuracy by task type, policy tokens, PRM tokens and seconds per question
 (accuracy beside cost, as MedAgentsBench argues), and every strategy but greedy
 its difference from greedy on the same questions with the paired standard error
-(`vs_greedy`); best-of-N also its difference from a random pick among the same N
-samples (`vs_random`) and its ceilings.
+(`vs_greedy`); best-of-N and the weighted vote also their difference from a
+random pick among the same N samples (`vs_random`), best-of-N its ceilings.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 
 from pipeline.config import DecodingConfig
-from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score
+from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score, vote_key
 from pipeline import task as tasks
 from pipeline.grading import yes_no
-from pipeline.prm import is_terminal, line_labels, scored_lines
+from pipeline.prm import aggregate, is_terminal, line_labels, scored_lines
 from pipeline.rewards import is_correct
 from pipeline.search import StepPolicy, beam_search, prm_mcts
 
-PRM_STRATEGIES = ("prm_best_of_n", "prm_beam", "prm_mcts")
+PRM_STRATEGIES = ("prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts")
 
 
 def strategy_metrics(graded: Sequence[dict], *, tokens: float, seconds: float, prm_tokens: float = 0) -> dict:
@@ -73,10 +74,12 @@ class Decoder:
 
     def __init__(self, cfg: DecodingConfig, scorer=None, policy: StepPolicy | None = None) -> None:
         self.cfg, self.scorer, self.policy = cfg, scorer, policy
+        self._scores = None  # (line scores per candidate, PRM tokens, seconds) of the split being run
 
     def run(self, rows: Sequence[dict], greedy: Sequence[tuple[str, int]], greedy_seconds: float,
             samples: Sequence[Sequence[tuple[str, int]]], sample_seconds: float) -> dict:
         cfg, out = self.cfg, {}
+        self._scores = None
         n_drawn = max((len(s) for s in samples), default=1)
         # Seconds of N samples when more were drawn together: their share of the sampling time.
         share = sample_seconds * min(cfg.n, n_drawn) / n_drawn
@@ -95,12 +98,23 @@ class Decoder:
             elif strategy == "maj_at_n":
                 texts = [_voted(row, [t for t, _ in s[: cfg.n]]) for row, s in zip(rows, samples)]
                 cost = {"tokens": sample_tokens, "seconds": share}
-            elif strategy == "prm_best_of_n":
+            elif strategy in ("prm_best_of_n", "prm_weighted_vote"):
                 candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
                 with self._cost(sample_tokens, share) as cost:
-                    texts, scores = self._best_of_n(prompts, candidates)
-                extra = {"ceilings": ceilings(rows, candidates, scores),
-                         "vs_random": versus_random(rows, candidates, texts)}
+                    lines, reused = self._line_scores(prompts, candidates)
+                    if strategy == "prm_best_of_n":
+                        scores = [[aggregate(s, cfg.aggregation) for s in group] for group in lines]
+                        # ties: the first sample
+                        texts = [texts[group.index(max(group))] if group else ""
+                                 for texts, group in zip(candidates, scores)]
+                    else:
+                        texts = [weighted_vote(row, texts, [aggregate(s, cfg.vote_aggregation) for s in group])
+                                 for row, texts, group in zip(rows, candidates, lines)]
+                cost["prm_tokens"] += reused[0]  # the scoring the other strategy did: this one's cost too
+                cost["seconds"] += reused[1]
+                extra = {"vs_random": versus_random(rows, candidates, texts)}
+                if strategy == "prm_best_of_n":
+                    extra["ceilings"] = ceilings(rows, candidates, scores)
             elif strategy == "prm_beam":
                 with self._cost() as cost:
                     texts = beam_search(prompts[: cfg.search_questions], self.policy, self.scorer.score, n=cfg.n,
@@ -121,18 +135,23 @@ class Decoder:
                                                                    baseline[: len(records)])
         return out
 
-    def _best_of_n(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
-                   ) -> tuple[list[str], list[list[float]]]:
-        """(each question's candidate the PRM scores highest, every candidate's score)."""
+    def _line_scores(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
+                     ) -> tuple[list[list[list[float]]], tuple[float, float]]:
+        """Every candidate's PRM line scores, grouped by question, scored once per split: best-of-N and the weighted
+        vote read the same. Also (PRM tokens, seconds) of that scoring when an earlier strategy did it, else zeros
+        (the caller's `_cost` block measures it)."""
+        if self._scores is not None:
+            lines, tokens, seconds = self._scores
+            return lines, (tokens, seconds)
+        tokens, start = self.scorer.tokens, time.perf_counter()
         flat_prompts = [p for p, texts in zip(prompts, candidates) for _ in texts]
-        flat = self.scorer.score_completions(flat_prompts, [t for texts in candidates for t in texts],
-                                             self.cfg.aggregation)
-        scores, i = [], 0
+        flat = self.scorer.score(flat_prompts, [scored_lines(t) for texts in candidates for t in texts])
+        lines, i = [], 0
         for texts in candidates:
-            scores.append(flat[i : i + len(texts)])
+            lines.append(flat[i : i + len(texts)])
             i += len(texts)
-        # ties: the first sample
-        return [texts[group.index(max(group))] if group else "" for texts, group in zip(candidates, scores)], scores
+        self._scores = (lines, self.scorer.tokens - tokens, time.perf_counter() - start)
+        return lines, (0, 0.0)
 
     @contextmanager
     def _cost(self, tokens: float = 0, seconds: float = 0):
@@ -149,6 +168,28 @@ class Decoder:
         cost["seconds"] = seconds + time.perf_counter() - start
         cost["tokens"] = tokens + ((self.policy.tokens - policy_before) if self.policy else 0)
         cost["prm_tokens"] = self.scorer.tokens - prm_before
+
+
+def weighted_vote(row: dict, texts: Sequence[str], scores: Sequence[float]) -> str:
+    """The PRM-weighted majority vote (Math-Shepherd's weighted self-consistency): each answer weighs the sum of
+    its samples' scores, and the pick is the best-scored sample of the heaviest answer.
+
+    A sample without an answer does not vote ("" when none has one); ties go to the answer seen first, and
+    within it to the first best-scored sample. Scores are probabilities, so no vote counts against an answer.
+    """
+    task = tasks.active()
+    weights: dict[str, list] = {}  # answer key -> [summed score, index of its best-scored sample]
+    for i, (text, s) in enumerate(zip(texts, scores, strict=True)):
+        answer = task.extract(text)
+        if answer is None:
+            continue
+        entry = weights.setdefault(vote_key(answer, row["answer_type"]), [0.0, i])
+        entry[0] += s
+        if s > scores[entry[1]]:
+            entry[1] = i
+    if not weights:
+        return ""
+    return texts[max(weights.values(), key=lambda e: e[0])[1]]  # max keeps the first of equal weights
 
 
 def versus_random(rows: Sequence[dict], candidates: Sequence[Sequence[str]], picked: Sequence[str]) -> dict:

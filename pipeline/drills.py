@@ -199,8 +199,9 @@ def train_drills(model, tokenizer, cfg: DrillConfig, synth: SynthesizeConfig, lo
     rng = random.Random(cfg.seed)
     val_tables = [table_row(random_table(rng, synth)) for _ in range(cfg.val_tables)]
     val = {values: [drill("lookup", row, rng, values) for row in val_tables] for values in ("colour", "chart")}
-    check_rng = random.Random(cfg.seed + 1)
-    check_tables = [table_row(random_table(check_rng, synth)) for _ in range(cfg.check_tables)]
+    check_rng = random.Random(cfg.seed + 1)  # drawn only when checked: the training stream is the same either way
+    checked = cfg.check_tables if cfg.check_every else 0
+    check_tables = [table_row(random_table(check_rng, synth)) for _ in range(checked)]
     check = {values: [drill("lookup", row, check_rng, values) for row in check_tables] for values in ("colour", "chart")}
     pad = pad_id(tokenizer)
     log = log or (lambda name, step, value: None)

@@ -486,11 +486,6 @@ class PRMScorer:
             return self.model(**inputs).logits
         return self.decoder(**inputs).last_hidden_state
 
-    def score_completions(self, prompts: Sequence[str], completions: Sequence[str], how: str) -> list[float]:
-        """One aggregated score per completion (EMPTY_SCORE for a completion without Step or Answer lines)."""
-        line_scores = self.score(prompts, [scored_lines(c) for c in completions])
-        return [aggregate(s, how) for s in line_scores]
-
 
 # Config keys of heads that scale or cap their logits (Gemma 2 and 3, Cohere, Granite): such a head is never plain.
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")

@@ -171,6 +171,7 @@ def result_rows(root: Path) -> list[tuple[str, str]]:
         (f"sft, random pick of N sampled (T {sampled.get('temperature', '–')})", _num(versus.get("random_pick"))),
         ("sft, majority vote of N", _num(decoding.get("maj_at_n", {}).get("accuracy"))),
         ("sft, PRM best-of-N", _num(best.get("accuracy"))),
+        ("sft, PRM-weighted vote of N", _num(decoding.get("prm_weighted_vote", {}).get("accuracy"))),
         ("sft, best-of-N minus random pick (paired SE)", _signed(versus)),
         ("sft, best-of-N minus greedy (paired SE)", _signed(best.get("vs_greedy"))),
         ("sft, PRM beam search", _num(decoding.get("prm_beam", {}).get("accuracy"))),

@@ -15,7 +15,7 @@ from trl import SFTTrainer
 
 from pipeline import chat, checkpoints, sharding
 from pipeline.config import TrainConfig
-from pipeline.flows import phase
+from pipeline.flows import phase, stage_logger
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:
@@ -174,6 +174,20 @@ def sft_trainer_class() -> type[SFTTrainer]:
     return SFTTrainer if torch.cuda.is_available() else PlainHeadSFTTrainer
 
 
+def truncated(prepared, rows: int, args) -> dict:
+    """How TRL's truncation to `max_length` met the training rows, read from the dataset it prepared.
+
+    TRL cuts every tokenized row to `max_length` tokens and then drops the rows left without a completion
+    token to learn (their prompt alone filled it), both silently. A prepared row exactly `max_length` long
+    was cut there or was exactly that long: both are counted, so the count is an upper bound. With packing
+    (rows joined into `max_length` sequences) the rows cannot be told apart again: nothing is counted.
+    """
+    if args.packing or args.max_length is None:
+        return {"rows_at_max_length": None, "rows_dropped": None}
+    return {"rows_at_max_length": sum(len(ids) >= args.max_length for ids in prepared["input_ids"]),
+            "rows_dropped": rows - len(prepared)}
+
+
 @phase("train")
 def sft_train(
     cfg: TrainConfig, model, tokenizer, train_rows: Sequence[dict], val_rows: Sequence[dict], work_dir: Path,
@@ -191,6 +205,12 @@ def sft_train(
         processing_class=tokenizer,
         callbacks=[dvclive_callback(live_dir)],
     )
+    cut = truncated(trainer.train_dataset, len(train), trainer.args)
+    if (cut["rows_at_max_length"] or cut["rows_dropped"]) and trainer.accelerator.is_main_process:
+        stage_logger().warning(
+            "SFT: %d of %d training rows reach max_length %d tokens, so their completions may be cut short there, "
+            "and %d were dropped, their prompt alone filling it; raise max_length in this stage's params to keep them",
+            cut["rows_at_max_length"], len(train), trainer.args.max_length, cut["rows_dropped"])
     start = time.perf_counter()
     result = checkpoints.train(trainer, cfg)
     seconds = time.perf_counter() - start
@@ -203,6 +223,7 @@ def sft_train(
         "eval_loss": round(final_eval["eval_loss"], 4),
         "steps": result.global_step,
         "examples": len(train),
+        **cut,
         "train_seconds": round(seconds, 1),
         "tokens_per_second": round(tokens / seconds, 1),
         **changed(before, model),

@@ -96,7 +96,8 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
     metrics = shown[""]["data"]["metrics/evaluate/sft.json"]["data"]  # "" is the workspace
     assert 0 <= metrics["accuracy"] <= 1 and "accuracy_ood" in metrics
-    assert set(metrics["decoding"]) == {"greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts"}
+    assert set(metrics["decoding"]) == {"greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam",
+                                        "prm_mcts"}
     # every stage ran as a flow on the shared server, and the orchestrator published the metrics
     flows = {f["name"] for f in api_post(prefect_api, "flows/filter", {})}
     assert {"repro", "synthesize", "base", "teacher", "distill", "sft", "mine", "grpo", "sft_extended", "dpo",

@@ -293,7 +293,7 @@ def test_evaluate(workspace):
         sum(r["correct"] for r in records if r["split"] == "test") / p["n_test"], abs=1e-4
     )
     assert (paths.eval_plots_dir("sft") / "by_task_type.png").exists()
-    strategies = ("greedy", "maj_at_n", "prm_best_of_n", "prm_beam", "prm_mcts")
+    strategies = ("greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts")
     assert set(metrics["decoding"]) == set(strategies)
     for name in strategies:
         d = metrics["decoding"][name]
@@ -617,7 +617,7 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
     evaluated = json.loads(paths.eval_metrics_file("teacher").read_text())
     assert evaluated["accuracy"] >= 0.0
     # an API policy: whole samples reranked by the PRM, no step-level search (it needs the local model)
-    assert set(evaluated["decoding"]) == {"greedy", "maj_at_n", "prm_best_of_n"}
+    assert set(evaluated["decoding"]) == {"greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote"}
     written = [p for p in folder.rglob("*") if p.is_file()]
     assert any(p.suffix == ".sqlite" for p in written)
     assert [p for p in written if secret.encode() in p.read_bytes()] == []

@@ -137,11 +137,6 @@ class FixedScorer:
         self.tokens += sum(len(p) for p in paths)
         return [[self.by_answer.get(p[-1], 0.1)] if p else [] for p in paths]
 
-    def score_completions(self, prompts, completions, how):
-        from pipeline.prm import aggregate, scored_lines
-
-        return [aggregate(s, how) for s in self.score(prompts, [scored_lines(c) for c in completions])]
-
 
 def test_decoder_maj_and_best_of_n_on_the_same_samples():
     cfg = DecodingConfig(strategies=["greedy", "maj_at_n", "prm_best_of_n"], n=3)
@@ -162,6 +157,48 @@ def test_decoder_maj_and_best_of_n_on_the_same_samples():
     assert "vs_greedy" not in out["greedy"]
     # one right sample of three on each question: a random pick is right a third of the time, the PRM's every time
     assert out["prm_best_of_n"]["vs_random"] == {"random_pick": 0.3333, "difference": 0.6667, "standard_error": 0.0}
+
+
+def test_weighted_vote_sums_each_answers_scores_and_returns_its_best_sample():
+    from pipeline.decoding import weighted_vote
+
+    row = {"answer_type": "number"}
+    # 5 weighs 0.5 + 0.5 = 1.0 against 9's single 0.9: the vote goes to 5, its best-scored sample (the second)
+    texts = ["Step 1: a.\nAnswer: 5", "Step 1: b.\nAnswer: 5.0", "Answer: 9", "Step 1: no answer."]
+    assert weighted_vote(row, texts, [0.4, 0.6, 0.9, 1.0]) == texts[1]  # 5 and 5.0 are one answer; no answer, no vote
+    # equal weights (0.5 and 0.5): the answer seen first
+    assert weighted_vote(row, ["Answer: 3", "Answer: 4"], [0.5, 0.5]) == "Answer: 3"
+    assert weighted_vote(row, ["Step 1: a.", ""], [0.9, 0.0]) == ""
+
+
+class CountingScorer(FixedScorer):
+    """FixedScorer that counts its calls: best-of-N and the weighted vote must score the samples once."""
+
+    calls = 0
+
+    def score(self, prompts, paths):
+        self.calls += 1
+        return super().score(prompts, paths)
+
+
+def test_weighted_vote_and_best_of_n_pick_differently_from_one_scoring():
+    cfg = DecodingConfig(strategies=["greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote"], n=3)
+    # question 1 (answer 1): two 1s at 0.5 outweigh one 5 at 0.9, which best-of-N takes;
+    # question 2 (answer 2): two 7s at 0.3 outweigh one 2 at 0.4, which best-of-N takes
+    samples = [[("Answer: 1", 2), ("Answer: 1", 2), ("Answer: 5", 2)],
+               [("Answer: 2", 2), ("Answer: 7", 2), ("Answer: 7", 2)]]
+    scorer = CountingScorer({"Answer: 1": 0.5, "Answer: 5": 0.9, "Answer: 2": 0.4, "Answer: 7": 0.3})
+    out = Decoder(cfg, scorer, None).run(ROWS, [("Answer: 0", 4)] * 2, 2.0, samples, 6.0)
+    vote, best = out["prm_weighted_vote"], out["prm_best_of_n"]
+    assert scorer.calls == 1
+    assert vote["by_task_type"] == {"t": 0.5} and best["by_task_type"] == {"t": 0.5}
+    assert vote["vs_greedy"] == {"difference": 0.5, "standard_error": 0.5}  # greedy wrong on both
+    # a random pick is right 2/3 on question 1 and 1/3 on question 2; the vote 1 and 0: differences +1/3 and -1/3,
+    # mean 0, sample variance 2/9, standard error sqrt(2/9 / 2) = 1/3
+    assert vote["vs_random"] == {"random_pick": 0.5, "difference": 0.0, "standard_error": 0.3333}
+    # each strategy's cost is the whole scoring, whichever ran it first
+    assert vote["prm_tokens_per_question"] == best["prm_tokens_per_question"] > 0
+    assert "ceilings" in best and "ceilings" not in vote
 
 
 def test_paired_difference_of_hand_counted_answers():

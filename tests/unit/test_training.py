@@ -61,3 +61,33 @@ def test_changed_counts_tensors_and_elements_by_hand():
     with torch.no_grad():
         model.bias += 1.0
     assert changed(before, model) == {"weights_changed": 1.0, "elements_changed": 0.375}
+
+
+def test_sft_counts_the_rows_trls_truncation_cuts_and_drops_and_warns(tmp_path, caplog):
+    """TRL cuts every row to max_length and drops a row whose prompt alone fills it, both silently: sft's metrics
+    count both (3 rows of each kind here) and the stage's log says which key to raise."""
+    from pipeline.training import sft_train
+
+    tok = train_tokenizer([PROMPT + COMPLETION] * 30, 300)
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=512), tok)
+    fits = {"prompt": PROMPT, "rationale": COMPLETION}
+    long_completion = {"prompt": PROMPT, "rationale": "\n".join([COMPLETION] * 8)}
+    long_prompt = {"prompt": PROMPT * 8, "rationale": COMPLETION}
+    rows = [fits, long_completion, long_prompt] * 3
+    # the fitting row's prepared length (no truncation at 1,024), then a limit a few tokens above it: the
+    # 8-fold completion and the 8-fold prompt are far longer
+    cfg = TrainConfig(max_steps=1, per_device_train_batch_size=2, logging_steps=1, max_length=1024, eval_steps=1)
+    trainer = SFTTrainer(model=model, args=trainer_args(cfg, tmp_path / "measure", eval_strategy="no"),
+                         processing_class=tok, train_dataset=prompt_completion_dataset([fits]))
+    limit = len(trainer.train_dataset[0]["input_ids"]) + 4
+    with caplog.at_level("WARNING", logger="pipeline"):
+        metrics = sft_train(cfg.model_copy(update={"max_length": limit}), model, tok, rows, [fits], tmp_path / "w",
+                            tmp_path / "live")
+    assert (metrics["examples"], metrics["rows_at_max_length"], metrics["rows_dropped"]) == (9, 3, 3)
+    assert f"3 of 9 training rows reach max_length {limit} tokens" in caplog.text
+    assert "3 were dropped" in caplog.text
+
+    untouched = sft_train(cfg, model, tok, rows, [fits], tmp_path / "w2", tmp_path / "live2")
+    assert (untouched["rows_at_max_length"], untouched["rows_dropped"]) == (0, 0)
