@@ -10,17 +10,18 @@ each policy: greedy, then `--n` samples per question at each temperature
   (evaluate's `prm_best_of_n`);
 - `g+bo/min`: best-of-N over greedy and N - 1 samples (the same budget);
 - `vote/min`: PRM-weighted vote (each answer's summed min-scores; Math-Shepherd's
-  weighted self-consistency);
+  weighted self-consistency; evaluate's `prm_weighted_vote`);
 - `lik/mean`: the PRM read as a generator: among the candidates that end in an
   `Answer:` line, the one whose lines' tokens have the highest mean
   log-softmax probability under the PRM's LM head (its verdicts read sigmoids
   of the same logits; a mean, so that a shorter solution is not preferred);
 - `rank/mean+lik`: the candidate ranked highest by its rank under the mean
   line score plus its rank under that likelihood.
-`--by-type` also counts, per task type (T 0.8, N = `--n`, by the mean), greedy,
-best-of-N, pass@N and how often best-of-N picks right among the questions
-whose samples mix right and wrong answers: where the gain lies and where
-the PRM misses. Choose on `--split val`, report on test. Needs the models and models/prm
+Then best-of-`--n` by the mean minus greedy per temperature, with its paired
+standard error. `--by-type` also counts, per task type (T 0.8, N = `--n`, by
+the mean), greedy, best-of-N, pass@N and, among the questions whose samples
+mix right and wrong answers, how often best-of-N picks right and how often a
+random pick would: where the gain lies and where the PRM misses. Choose on `--split val`, report on test. Needs the models and models/prm
 (run `make run` first). Prints a line per temperature and N for each policy;
 `--out` also writes them as JSON;
 `--dump` every candidate's grade and scores, to try other rules offline.
@@ -47,7 +48,8 @@ import torch.nn.functional as F
 from pipeline import paths
 from pipeline.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
-from pipeline.evaluation import majority_vote, vote_key
+from pipeline.decoding import paired_difference, weighted_vote
+from pipeline.evaluation import majority_vote
 from pipeline.generation import LocalSampler, pad
 from pipeline.grading import extract_answer
 from pipeline.io import read_rows
@@ -142,17 +144,11 @@ def rank_sum(cands: list[dict]) -> dict:
     return cands[max(range(len(cands)), key=lambda i: (rank[i], means[i]))]
 
 
-def weighted_vote(cands: list[dict], answer_type: str) -> dict:
-    """The best-scored candidate of the answer with the largest summed min-score."""
-    totals: dict[str, float] = defaultdict(float)
-    for c in cands:
-        if c["answer"] is not None:
-            totals[vote_key(c["answer"], answer_type)] += agg(c, "min")
-    if not totals:
-        return cands[0]
-    best = max(totals, key=totals.get)
-    return max((c for c in cands if c["answer"] is not None and vote_key(c["answer"], answer_type) == best),
-               key=lambda c: agg(c, "min"))
+def voted(cands: list[dict], row: dict) -> dict:
+    """The candidate evaluate's `prm_weighted_vote` picks with min-scores (the first when none has an answer)."""
+    texts = [c["text"] for c in cands]
+    picked = weighted_vote(row, texts, [agg(c, "min") for c in cands])
+    return cands[texts.index(picked)] if picked else cands[0]
 
 
 def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
@@ -166,7 +162,7 @@ def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
             "random": cands[0],
             **{f"bo/{how}": max(cands, key=lambda c, how=how: agg(c, how)) for how in ("min", "mean", "last")},
             "g+bo/min": max(with_greedy, key=lambda c: agg(c, "min")),
-            "vote/min": weighted_vote(cands, kind),
+            "vote/min": voted(cands, q["row"]),
             "lik/mean": max(cands, key=lambda c: c["lik"]),
             "rank/mean+lik": rank_sum(cands),
         }
@@ -177,9 +173,16 @@ def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
     return {name: round(v / max(len(questions), 1), 3) for name, v in hits.items()}
 
 
+def versus_greedy(questions: list[dict], key: float, n: int) -> dict:
+    """Best-of-n by the mean line score minus greedy on the same questions, with the paired standard error."""
+    picks = [max(q[key][:n], key=lambda c: agg(c, "mean"))["right"] for q in questions]
+    return paired_difference(picks, [q["greedy"][0]["right"] for q in questions])
+
+
 def by_type(questions: list[dict], key: float, n: int, how: str) -> dict[str, dict]:
     """Per task type at temperature `key` and N = n: questions, greedy, best-of-n by `how`, pass@n, and the
-    questions whose n samples mix right and wrong answers with how many of them best-of-n got right."""
+    questions whose n samples mix right and wrong answers with how many of them best-of-n got right and how many
+    a random pick among the n would (expected)."""
     out: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     for q in questions:
         cands, cell = q[key][:n], out[q["row"]["task_type"]]
@@ -192,7 +195,8 @@ def by_type(questions: list[dict], key: float, n: int, how: str) -> dict[str, di
         if any(right) and not all(right):
             cell["mixed"] += 1
             cell["mixed_picked_right"] += pick
-    return {kind: dict(cell) for kind, cell in sorted(out.items())}
+            cell["mixed_random_pick"] += sum(right) / len(right)  # a random pick's expected count
+    return {kind: {k: round(v, 2) for k, v in cell.items()} for kind, cell in sorted(out.items())}
 
 
 def dump(q: dict, temperatures: list[float]) -> dict:
@@ -247,6 +251,10 @@ def main() -> None:
         for setting, acc in table[model].items():
             if setting != "greedy":
                 print(f"  {setting:9s} " + "  ".join(f"{name} {value:.3f}" for name, value in acc.items()))
+        gains = {f"T{t} N{args.n}": versus_greedy(questions, t, args.n) for t in temperatures}
+        table[model]["bo/mean minus greedy"] = gains
+        print("  bo/mean minus greedy (paired SE): " + "  ".join(
+            f"{setting} {v['difference']:+.3f} ± {v['standard_error']:.3f}" for setting, v in gains.items()))
         if args.by_type and 0.8 in temperatures:
             table[model]["by_type"] = by_type(questions, 0.8, args.n, "mean")
             print(f"  T0.8 N{args.n} by task type (counts): " + "; ".join(
