@@ -105,11 +105,11 @@ class Decoder:
                     if strategy == "prm_best_of_n":
                         scores = [[aggregate(s, cfg.aggregation) for s in group] for group in lines]
                         # ties: the first sample
-                        texts = [texts[group.index(max(group))] if group else ""
-                                 for texts, group in zip(candidates, scores)]
+                        texts = [drawn[group.index(max(group))] if group else ""
+                                 for drawn, group in zip(candidates, scores)]
                     else:
-                        texts = [weighted_vote(row, texts, [aggregate(s, cfg.vote_aggregation) for s in group])
-                                 for row, texts, group in zip(rows, candidates, lines)]
+                        texts = [weighted_vote(row, drawn, [aggregate(s, cfg.vote_aggregation) for s in group])
+                                 for row, drawn, group in zip(rows, candidates, lines)]
                 cost["prm_tokens"] += reused[0]  # the scoring the other strategy did: this one's cost too
                 cost["seconds"] += reused[1]
                 extra = {"vs_random": versus_random(rows, candidates, texts)}
