@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from pipeline import paths
 from pipeline.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
-from pipeline.decoding import paired_difference, weighted_vote
+from pipeline.decoding import heaviest_answer, paired_difference
 from pipeline.evaluation import majority_vote
 from pipeline.generation import LocalSampler, pad
 from pipeline.grading import extract_answer
@@ -144,11 +144,10 @@ def rank_sum(cands: list[dict]) -> dict:
     return cands[max(range(len(cands)), key=lambda i: (rank[i], means[i]))]
 
 
-def voted(cands: list[dict], row: dict) -> dict:
+def weighted_vote(cands: list[dict], answer_type: str) -> dict:
     """The candidate evaluate's `prm_weighted_vote` picks with min-scores (the first when none has an answer)."""
-    texts = [c["text"] for c in cands]
-    picked = weighted_vote(row, texts, [agg(c, "min") for c in cands])
-    return cands[texts.index(picked)] if picked else cands[0]
+    picked = heaviest_answer([c["answer"] for c in cands], [agg(c, "min") for c in cands], answer_type)
+    return cands[0] if picked is None else cands[picked]
 
 
 def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
@@ -162,7 +161,7 @@ def rules(questions: list[dict], key: float, n: int) -> dict[str, float]:
             "random": cands[0],
             **{f"bo/{how}": max(cands, key=lambda c, how=how: agg(c, how)) for how in ("min", "mean", "last")},
             "g+bo/min": max(with_greedy, key=lambda c: agg(c, "min")),
-            "vote/min": voted(cands, q["row"]),
+            "vote/min": weighted_vote(cands, kind),
             "lik/mean": max(cands, key=lambda c: c["lik"]),
             "rank/mean+lik": rank_sum(cands),
         }

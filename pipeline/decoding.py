@@ -171,25 +171,31 @@ class Decoder:
 
 
 def weighted_vote(row: dict, texts: Sequence[str], scores: Sequence[float]) -> str:
-    """The PRM-weighted majority vote (Math-Shepherd's weighted self-consistency): each answer weighs the sum of
-    its samples' scores, and the pick is the best-scored sample of the heaviest answer.
-
-    A sample without an answer does not vote ("" when none has one); ties go to the answer seen first, and
-    within it to the first best-scored sample. Scores are probabilities, so no vote counts against an answer.
-    """
+    """The PRM-weighted majority vote (Math-Shepherd's weighted self-consistency) among sampled completions: the
+    best-scored sample of the answer whose samples' scores sum highest ("" when no sample has an answer)."""
     task = tasks.active()
+    picked = heaviest_answer([task.extract(text) for text in texts], scores, row["answer_type"])
+    return "" if picked is None else texts[picked]
+
+
+def heaviest_answer(answers: Sequence[str | None], scores: Sequence[float], answer_type: str) -> int | None:
+    """The index `weighted_vote` picks: each answer (compared as maj@N compares them) weighs the sum of its
+    samples' scores, and the pick is the best-scored sample of the heaviest answer.
+
+    A sample without an answer (None) does not vote (None when none has one); ties go to the answer seen first,
+    and within it to the first best-scored sample. Scores are probabilities, so no vote counts against an answer.
+    """
     weights: dict[str, list] = {}  # answer key -> [summed score, index of its best-scored sample]
-    for i, (text, s) in enumerate(zip(texts, scores, strict=True)):
-        answer = task.extract(text)
+    for i, (answer, s) in enumerate(zip(answers, scores, strict=True)):
         if answer is None:
             continue
-        entry = weights.setdefault(vote_key(answer, row["answer_type"]), [0.0, i])
+        entry = weights.setdefault(vote_key(answer, answer_type), [0.0, i])
         entry[0] += s
         if s > scores[entry[1]]:
             entry[1] = i
     if not weights:
-        return ""
-    return texts[max(weights.values(), key=lambda e: e[0])[1]]  # max keeps the first of equal weights
+        return None
+    return max(weights.values(), key=lambda e: e[0])[1]  # max keeps the first of equal weights
 
 
 def versus_random(rows: Sequence[dict], candidates: Sequence[Sequence[str]], picked: Sequence[str]) -> dict:

@@ -38,7 +38,8 @@ def test_rules_on_one_question():
 
 def test_by_type_counts_the_mixed_question():
     assert by_type([QUESTION], 0.8, 4, "mean") == {
-        "counting": {"questions": 1, "greedy": 1, "bo/mean": 0, "pass": 1, "mixed": 1, "mixed_picked_right": 0}}
+        "counting": {"questions": 1, "greedy": 1, "bo/mean": 0, "pass": 1, "mixed": 1, "mixed_picked_right": 0,
+                     "mixed_random_pick": 0.25}}  # one right sample of the four
 
 
 def test_dump_keeps_scores_without_texts():
