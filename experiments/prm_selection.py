@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from pipeline import paths
 from pipeline.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
-from pipeline.decoding import heaviest_answer, paired_difference
-from pipeline.evaluation import majority_vote
+from pipeline.decoding import paired_difference
+from pipeline.evaluation import majority_vote, weighted_majority
 from pipeline.generation import LocalSampler, pad
 from pipeline.grading import extract_answer
 from pipeline.io import read_rows
@@ -146,7 +146,7 @@ def rank_sum(cands: list[dict]) -> dict:
 
 def weighted_vote(cands: list[dict], answer_type: str) -> dict:
     """The candidate evaluate's `prm_weighted_vote` picks with min-scores (the first when none has an answer)."""
-    picked = heaviest_answer([c["answer"] for c in cands], [agg(c, "min") for c in cands], answer_type)
+    picked = weighted_majority([c["answer"] for c in cands], [agg(c, "min") for c in cands], answer_type)
     return cands[0] if picked is None else cands[picked]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 
 from pipeline.config import DecodingConfig
-from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score, vote_key
+from pipeline.evaluation import accuracy_by, accuracy_of, majority_vote, score, weighted_majority
 from pipeline import task as tasks
 from pipeline.grading import yes_no
 from pipeline.prm import aggregate, is_terminal, line_labels, scored_lines
@@ -100,18 +100,17 @@ class Decoder:
                 cost = {"tokens": sample_tokens, "seconds": share}
             elif strategy in ("prm_best_of_n", "prm_weighted_vote"):
                 candidates = [[t for t, _ in s[: cfg.n]] for s in samples]
-                with self._cost(sample_tokens, share) as cost:
-                    lines, reused = self._line_scores(prompts, candidates)
-                    if strategy == "prm_best_of_n":
-                        scores = [[aggregate(s, cfg.aggregation) for s in group] for group in lines]
-                        # ties: the first sample
-                        texts = [drawn[group.index(max(group))] if group else ""
-                                 for drawn, group in zip(candidates, scores)]
-                    else:
-                        texts = [weighted_vote(row, drawn, [aggregate(s, cfg.vote_aggregation) for s in group])
-                                 for row, drawn, group in zip(rows, candidates, lines)]
-                cost["prm_tokens"] += reused[0]  # the scoring the other strategy did: this one's cost too
-                cost["seconds"] += reused[1]
+                lines, prm_tokens, prm_seconds = self._line_scores(prompts, candidates)
+                # each strategy's cost is the samples' and the whole scoring's, whichever strategy scored them
+                cost = {"tokens": sample_tokens, "seconds": share + prm_seconds, "prm_tokens": prm_tokens}
+                if strategy == "prm_best_of_n":
+                    scores = [[aggregate(s, cfg.aggregation) for s in group] for group in lines]
+                    # ties: the first sample
+                    texts = [drawn[group.index(max(group))] if group else ""
+                             for drawn, group in zip(candidates, scores)]
+                else:
+                    texts = [weighted_vote(row, drawn, [aggregate(s, cfg.vote_aggregation) for s in group])
+                             for row, drawn, group in zip(rows, candidates, lines)]
                 extra = {"vs_random": versus_random(rows, candidates, texts)}
                 if strategy == "prm_best_of_n":
                     extra["ceilings"] = ceilings(rows, candidates, scores)
@@ -136,66 +135,41 @@ class Decoder:
         return out
 
     def _line_scores(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]]
-                     ) -> tuple[list[list[list[float]]], tuple[float, float]]:
-        """Every candidate's PRM line scores, grouped by question, scored once per split: best-of-N and the weighted
-        vote read the same. Also (PRM tokens, seconds) of that scoring when an earlier strategy did it, else zeros
-        (the caller's `_cost` block measures it)."""
-        if self._scores is not None:
-            lines, tokens, seconds = self._scores
-            return lines, (tokens, seconds)
-        tokens, start = self.scorer.tokens, time.perf_counter()
-        flat_prompts = [p for p, texts in zip(prompts, candidates) for _ in texts]
-        flat = self.scorer.score(flat_prompts, [scored_lines(t) for texts in candidates for t in texts])
-        lines, i = [], 0
-        for texts in candidates:
-            lines.append(flat[i : i + len(texts)])
-            i += len(texts)
-        self._scores = (lines, self.scorer.tokens - tokens, time.perf_counter() - start)
-        return lines, (0, 0.0)
+                     ) -> tuple[list[list[list[float]]], int, float]:
+        """Every candidate's PRM line scores grouped by question, with the PRM tokens and seconds that took: scored
+        once per split, as best-of-N and the weighted vote read the same."""
+        if self._scores is None:
+            tokens, start = self.scorer.tokens, time.perf_counter()
+            flat_prompts = [p for p, texts in zip(prompts, candidates) for _ in texts]
+            flat = self.scorer.score(flat_prompts, [scored_lines(t) for texts in candidates for t in texts])
+            lines, i = [], 0
+            for texts in candidates:
+                lines.append(flat[i : i + len(texts)])
+                i += len(texts)
+            self._scores = (lines, self.scorer.tokens - tokens, time.perf_counter() - start)
+        return self._scores
 
     @contextmanager
-    def _cost(self, tokens: float = 0, seconds: float = 0):
-        """The cost of the `with` block as strategy_metrics' keywords, filled in on exit.
-
-        What the block adds (policy tokens, PRM tokens, seconds), plus what the
-        strategy reuses (`tokens`, `seconds`: best-of-N's share of the samples).
-        """
+    def _cost(self):
+        """The cost of the `with` block (a search: policy tokens, PRM tokens, seconds) as strategy_metrics'
+        keywords, filled in on exit."""
         policy_before = self.policy.tokens if self.policy else 0
         prm_before = self.scorer.tokens
         start = time.perf_counter()
         cost: dict = {}
         yield cost
-        cost["seconds"] = seconds + time.perf_counter() - start
-        cost["tokens"] = tokens + ((self.policy.tokens - policy_before) if self.policy else 0)
+        cost["seconds"] = time.perf_counter() - start
+        cost["tokens"] = (self.policy.tokens - policy_before) if self.policy else 0
         cost["prm_tokens"] = self.scorer.tokens - prm_before
 
 
 def weighted_vote(row: dict, texts: Sequence[str], scores: Sequence[float]) -> str:
     """The PRM-weighted majority vote (Math-Shepherd's weighted self-consistency) among sampled completions: the
-    best-scored sample of the answer whose samples' scores sum highest ("" when no sample has an answer)."""
+    best-scored sample of the answer whose samples' scores sum highest ("" when no sample has an answer). Scores
+    are probabilities, so no vote counts against an answer."""
     task = tasks.active()
-    picked = heaviest_answer([task.extract(text) for text in texts], scores, row["answer_type"])
+    picked = weighted_majority([task.extract(text) for text in texts], scores, row["answer_type"])
     return "" if picked is None else texts[picked]
-
-
-def heaviest_answer(answers: Sequence[str | None], scores: Sequence[float], answer_type: str) -> int | None:
-    """The index `weighted_vote` picks: each answer (compared as maj@N compares them) weighs the sum of its
-    samples' scores, and the pick is the best-scored sample of the heaviest answer.
-
-    A sample without an answer (None) does not vote (None when none has one); ties go to the answer seen first,
-    and within it to the first best-scored sample. Scores are probabilities, so no vote counts against an answer.
-    """
-    weights: dict[str, list] = {}  # answer key -> [summed score, index of its best-scored sample]
-    for i, (answer, s) in enumerate(zip(answers, scores, strict=True)):
-        if answer is None:
-            continue
-        entry = weights.setdefault(vote_key(answer, answer_type), [0.0, i])
-        entry[0] += s
-        if s > scores[entry[1]]:
-            entry[1] = i
-    if not weights:
-        return None
-    return max(weights.values(), key=lambda e: e[0])[1]  # max keeps the first of equal weights
 
 
 def versus_random(rows: Sequence[dict], candidates: Sequence[Sequence[str]], picked: Sequence[str]) -> dict:

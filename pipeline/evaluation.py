@@ -108,15 +108,28 @@ def vote_key(answer: str, answer_type: str) -> str:
 
 def majority_vote(predictions: Sequence[str | None], answer_type: str) -> str | None:
     """The most frequent answer among `predictions` (None: no answer line, not a vote); ties go to the first seen."""
-    votes: dict[str, list] = {}
-    for pred in predictions:
-        if pred is None:
+    picked = weighted_majority(predictions, [1.0] * len(predictions), answer_type)
+    return None if picked is None else predictions[picked]
+
+
+def weighted_majority(answers: Sequence[str | None], weights: Sequence[float], answer_type: str) -> int | None:
+    """The index of the heaviest answer's heaviest sample: each answer (compared by `vote_key`) weighs the sum of
+    its samples' weights. Equal weights: the majority vote; PRM scores: the PRM-weighted vote.
+
+    A sample without an answer (None) does not vote (None when none has one); ties go to the answer seen first,
+    and within it to the first of its heaviest samples.
+    """
+    totals: dict[str, list] = {}  # answer key -> [summed weight, index of its heaviest sample]
+    for i, (answer, w) in enumerate(zip(answers, weights, strict=True)):
+        if answer is None:
             continue
-        entry = votes.setdefault(vote_key(pred, answer_type), [0, pred])
-        entry[0] += 1
-    if not votes:
+        entry = totals.setdefault(vote_key(answer, answer_type), [0.0, i])
+        entry[0] += w
+        if w > weights[entry[1]]:
+            entry[1] = i
+    if not totals:
         return None
-    return max(votes.values(), key=lambda e: e[0])[1]  # max keeps the first of equal counts
+    return max(totals.values(), key=lambda e: e[0])[1]  # max keeps the first of equal totals
 
 
 def sampled_metrics(rows: Sequence[dict], samples: Sequence[Sequence[str]], k: int) -> dict:

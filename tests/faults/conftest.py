@@ -54,16 +54,12 @@ def start(args: list[str], cwd: Path, env: dict[str, str], log: Path | None = No
     out = open(log, "w") if log is not None else subprocess.PIPE
     # A suite started in the background (`make test &`) ignores SIGINT, and a run that starts with it ignored
     # keeps ignoring it, as a shell's background job should: the run here starts as a terminal's would, with
-    # SIGINT handled (a handler, unlike SIG_IGN, is reset to the default across exec).
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGINT at its default.
     try:
         return subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     finally:
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if log is not None:
             out.close()
 
