@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import types
+import typing
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
@@ -30,6 +32,33 @@ class Section(BaseModel):
     infinite (a NaN reward weight would zero every reward and train nothing, without a word)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value, info):
+        """pydantic reads true as 1 for a number: `-S sft.seed=true` would run seed 1 without a word."""
+        if _takes_boolean_as_number(cls.model_fields[info.field_name].annotation, value):
+            raise ValueError("must be a number, not a boolean")
+        return value
+
+
+def _numbers_only(annotation) -> bool:
+    """Whether a field of this type takes numbers and no boolean: int, float, and their unions with None."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    return bool(args) and bool not in args and any(a in (int, float) for a in args)
+
+
+def _takes_boolean_as_number(annotation, value) -> bool:
+    """A boolean where the field wants a number, also among a list's items or a mapping's values."""
+    if isinstance(value, bool):
+        return _numbers_only(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and args and isinstance(value, list):
+        return any(isinstance(v, bool) for v in value) and _numbers_only(args[0])
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return any(isinstance(v, bool) for v in value.values()) and _numbers_only(args[1])
+    return False
 
 
 ChartType = Literal["bar", "grouped_bar", "stacked_bar", "line", "pie"]

@@ -16,6 +16,7 @@ the resolution; `python -m pipeline repro --profile NAME` writes it, then runs.
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 import types
@@ -131,11 +132,20 @@ def merge(base: dict, over: dict, source: str, prefix: str = "") -> dict:
         # a section that was null (task.dataset) holds only the keys set so far: its schema says what is known
         if key not in base and not (parent and key in parent.model_fields):
             raise ConfigError(f"{source}: {dotted}: unknown key")
+        if _is_section(dotted) and not isinstance(value, dict) and not (value is None and _nullable(parent, key)):
+            # null would read as the schema's defaults, dropping every value of the profile beneath it
+            raise ConfigError(f"{source}: {dotted}: a section takes keys ({dotted}.<key>=<value>), not {json.dumps(value, default=str)}")
         if isinstance(value, dict) and isinstance(base[key], dict) and _is_section(dotted):
             out[key] = merge(base[key], value, source, f"{dotted}.")
         else:
             out[key] = value
     return out
+
+
+def _nullable(parent: type[BaseModel] | None, key: str) -> bool:
+    """Whether a nested section may be null (task.dataset); a whole params section never is."""
+    field = parent.model_fields.get(key) if parent else None
+    return field is not None and type(None) in typing.get_args(field.annotation)
 
 
 def _is_section(dotted: str) -> bool:

@@ -53,6 +53,15 @@ def test_wrong_type_is_named(tmp_path):
         load_section("sft", SFTConfig, path)
 
 
+def test_a_boolean_for_a_number_is_named(tmp_path):
+    """YAML's `true` is no step count: pydantic alone would read it as 1."""
+    path = write(tmp_path, {"sft": {"max_steps": True, "learning_rate": False}})
+    with pytest.raises(ConfigError) as exc:
+        load_section("sft", SFTConfig, path)
+    assert "sft.max_steps: Value error, must be a number, not a boolean (got True)" in str(exc.value)
+    assert "sft.learning_rate: Value error, must be a number, not a boolean (got False)" in str(exc.value)
+
+
 def test_out_of_range_is_named(tmp_path):
     path = write(tmp_path, {"sft": {"learning_rate": -1}})
     with pytest.raises(ConfigError, match=r"sft.learning_rate: .*greater than 0"):

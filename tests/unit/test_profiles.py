@@ -110,6 +110,8 @@ def test_sets_fill_a_null_section_key_by_key(root):
     assert params["task"]["dataset"]["answer_extraction"] == "gsm8k"
     with pytest.raises(ConfigError, match=r"-S task.dataset.answer_field_x=a: task.dataset.answer_field_x: unknown"):
         profiles.resolve("small", ["task.dataset.path=examples/gsm8k", "task.dataset.answer_field_x=a"], root=root)
+    assert profiles.resolve("small", ["task.dataset.path=examples/gsm8k", "task.dataset=null"],
+                            root=root)["task"]["dataset"] is None  # a section the schema lets be null may be reset
 
 
 @pytest.mark.parametrize(("sets", "message"), [
@@ -118,6 +120,12 @@ def test_sets_fill_a_null_section_key_by_key(root):
     (["sft.learning_rate"], r"expected key=value"),
     (["sft.learning_rate=-1"], r"sft.learning_rate: .*greater than 0"),
     (["evaluate.decoding.n=[unclosed"], r"not valid YAML"),
+    # each read silently before: true as seed 1, a null section as the schema's defaults under the profile's values
+    (["sft.seed=true"], r"sft.seed: .*must be a number, not a boolean \(got True\)"),
+    (["synthesize.answer_type_weights={number: true, binary: 1, text: 1}"],
+     r"synthesize.answer_type_weights: .*must be a number, not a boolean"),
+    (["synthesize=null"], r"-S synthesize=null: synthesize: a section takes keys \(synthesize.<key>=<value>\), not null"),
+    (["base.drills=3"], r"base.drills: a section takes keys .*not 3"),
 ])
 def test_bad_overrides_name_the_key(root, sets, message):
     with pytest.raises(ConfigError, match=message):
