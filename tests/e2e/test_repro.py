@@ -132,9 +132,25 @@ def test_forced_reruns_of_data_and_training_stages_write_the_same_outputs(repo):
         dvc("repro", "-f", "-s", stage, cwd=repo)
     after = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     for stage in ("synthesize", "mine", "sft"):
-        assert outs(after, stage) == outs(before, stage), stage
+        assert outs(after, stage) == outs(before, stage), (stage, changed_files(repo, outs(before, stage),
+                                                                                outs(after, stage)))
     assert untimed(json.loads((repo / "metrics/sft.json").read_text())) == sft_metrics
     assert json.loads(dvc("status", "--json", cwd=repo).stdout) == {}
+
+
+def changed_files(repo, before: dict, after: dict) -> list[str]:
+    """The files that differ inside the folder outputs whose hashes differ, read from DVC's cache (a `.dir` entry
+    lists each file's md5): which of the folder's files a forced re-run wrote differently."""
+    def listing(md5: str) -> dict:
+        entry = repo / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+        return {f["relpath"]: f["md5"] for f in json.loads(entry.read_text())} if entry.exists() else {}
+
+    changed = []
+    for path, md5 in after.items():
+        if md5 != before.get(path) and md5.endswith(".dir"):
+            old, new = listing(before.get(path, "")), listing(md5)
+            changed += [f"{path}/{name}" for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+    return changed
 
 
 def test_sft_and_evaluate_killed_mid_stage_then_the_next_run_finishes(repo, tmp_path):
