@@ -428,6 +428,31 @@ def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
     assert (paths.model_dir("grpo") / "model.safetensors").read_bytes() == saved
 
 
+def test_grpo_says_when_its_steps_left_the_weights_as_they_were(workspace, caplog):
+    """max_steps 1 is the warm-up's first step, at learning rate 0: the stage says so rather than pass the SFT
+    model off as trained (models/grpo and its metrics are put back for the stages below)."""
+    import shutil
+
+    import yaml
+
+    from stages import grpo
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    kept = {path: path.read_bytes() for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
+    try:
+        write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1}})
+        grpo.main()
+        metrics = json.loads(paths.metrics_file("grpo").read_text())
+    finally:
+        write_params(Path("."), params)
+        shutil.rmtree(paths.model_dir("grpo"))
+        paths.model_dir("grpo").mkdir()
+        for path, data in kept.items():
+            path.write_bytes(data)
+    assert metrics["steps"] == 1 and metrics["weights_changed"] == 0.0
+    assert "grpo: 1 step(s) left the weights as they were" in caplog.text
+
+
 def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
     from pipeline.config import load_section
     from pipeline.models import load_tokenizer
@@ -493,7 +518,7 @@ def test_sft_extended_steps_by_hand():
     assert planned_steps(1, 100) == 1  # at least one step
 
 
-def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):
+def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog):
     from stages import dpo
 
     from pipeline.distill import PAIR_SCHEMA
@@ -509,6 +534,9 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):
         write_rows(pairs_file, [], schema=PAIR_SCHEMA)
         dpo.main()
         empty = json.loads(paths.metrics_file("dpo").read_text())
+        write_rows(pairs_file, pairs[:4], schema=PAIR_SCHEMA)  # one batch: one step, at the warm-up's lr 0
+        dpo.main()
+        one_step = json.loads(paths.metrics_file("dpo").read_text())
         write_rows(pairs_file, pairs, schema=PAIR_SCHEMA)
         dpo.main()
         metrics = json.loads(paths.metrics_file("dpo").read_text())
@@ -516,6 +544,8 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace):
         pairs_file.write_bytes(mined)
     assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0, "elements_changed": 0.0,
                      "world_size": 1}  # the SFT model, said so
+    assert one_step["steps"] == 1 and one_step["weights_changed"] == 0.0
+    assert "dpo: 4 pairs gave 1 step(s), which left the weights as they were" in caplog.text
     assert metrics["pairs"] == 8 and metrics["weights_changed"] == 1.0
     assert metrics["steps"] == 2  # 8 pairs, batch 4, 1 epoch
     assert (paths.live_dir("dpo") / "plots" / "metrics" / "rewards" / "margins.tsv").exists()
