@@ -1151,6 +1151,7 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
+    check_vllm_loads_whole_models(sections["generation"], sections["grpo"], sections["lora"], path)
     from pipeline.engines import require_vllm  # vLLM asked for: installed, and a CUDA device to run it
 
     if sections["generation"].engine == "vllm":
@@ -1172,6 +1173,23 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
         if (plan := launch.plan_for(stage, sections["launch"])) is not None:
             launch.check(plan, sections["lora"])
     return sections
+
+
+def check_vllm_loads_whole_models(generation: GenerationConfig, grpo: GRPOStageConfig, lora: LoraConfig,
+                                  path: Path | str = PARAMS_FILE) -> None:
+    """vLLM loads a model folder whole, never a LoRA adapter beside its base: `lora.save: adapter` with vLLM asked
+    for fails here, before any work, not in the first stage that loads an adapter folder with it."""
+    adapters = [stage for stage in ("sft", "grpo", "dpo") if getattr(lora, stage)] if lora.save == "adapter" else []
+    problems = []
+    if generation.engine == "vllm" and adapters:
+        problems.append(f"generation.engine: vllm loads whole models, and lora.save: adapter leaves models/"
+                        f"{adapters[0]} an adapter folder: set lora.save: merged or generation.engine: hf")
+    if grpo.use_vllm and "sft" in adapters and (grpo.vllm_mode == "colocate" or grpo.vllm_server_base_url is None):
+        problems.append("grpo.use_vllm: vLLM loads models/sft whole, and lora.save: adapter leaves it an adapter "
+                        "folder: set lora.save: merged, or give grpo.vllm_server_base_url of a server that serves "
+                        "a merged copy (vllm_mode: server)")
+    if problems:
+        raise ConfigError("\n".join(f"{path}: {p}" for p in problems))
 
 
 def check_packing(train: TrainConfig, model: ModelLoadConfig, key: str, path: Path | str = PARAMS_FILE) -> None:

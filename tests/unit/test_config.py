@@ -97,6 +97,23 @@ def test_settings_that_used_to_fail_mid_stage_or_mislead_are_refused(tmp_path, s
         validate_all(path)
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"generation": {"engine": "vllm"}, "lora": {"dpo": True, "save": "adapter"}},
+     r"generation.engine: vllm loads whole models, and lora.save: adapter leaves models/dpo an adapter folder"),
+    ({"grpo": {"use_vllm": True, "vllm_mode": "colocate"}, "lora": {"sft": True, "save": "adapter"}},
+     r"grpo.use_vllm: vLLM loads models/sft whole"),
+    ({"grpo": {"use_vllm": True, "vllm_mode": "server"}, "lora": {"sft": True, "save": "adapter"}},
+     r"grpo.use_vllm: vLLM loads models/sft whole"),  # a server the stage would start on models/sft
+])
+def test_vllm_with_lora_adapter_folders_is_refused_before_vllm_is_looked_for(tmp_path, values, message):
+    """Said on any machine (this one has no vLLM): the params cannot work together, whatever is installed."""
+    with pytest.raises(ConfigError, match=message):
+        validate_all(write(tmp_path, values))
+    merged = update(values, {"lora": {"save": "merged"}})  # then only vLLM's absence is left to say
+    with pytest.raises(ConfigError, match=r"vLLM is (not installed|installed but)"):
+        validate_all(write(tmp_path, merged))
+
+
 def test_a_missing_section_or_key_is_named(tmp_path):
     path = write(tmp_path, {"base": {"hidden_size": 64}})
     assert load_section("base", path=path).hidden_size == 64

@@ -65,6 +65,25 @@ def test_grpo_args_hand_trl_its_vllm_settings(tmp_path, monkeypatch):
     assert started.vllm_server_base_url == "http://127.0.0.1:4321"
 
 
+def test_grpo_colocated_on_an_adapter_folder_exits_before_loading(tmp_path, monkeypatch, capsys):
+    """TRL's colocated engine loads the policy's folder whole: an adapter models/sft (made before, or by a plain
+    `dvc repro` that skips params validation) stops the stage naming the folder, exit 2, models/grpo untouched."""
+    from stages import grpo
+
+    from tests.conftest import TINY_PARAMS, write_params
+
+    write_params(tmp_path, {**TINY_PARAMS, "grpo": {**TINY_PARAMS["grpo"], "use_vllm": True}})
+    (tmp_path / "models/sft").mkdir(parents=True)
+    (tmp_path / "models/sft/adapter_config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(grpo, "require_vllm", lambda key: None)  # as on a CUDA machine with vLLM
+    with pytest.raises(SystemExit) as exc:
+        grpo.main()
+    assert exc.value.code == 2
+    assert "models/sft: a LoRA adapter folder; vLLM loads whole models" in capsys.readouterr().err
+    assert not (tmp_path / "models/grpo").exists()
+
+
 def test_the_default_engine_is_the_decode_loop_on_the_saved_model(tiny, tmp_path):  # noqa: F811
     from pipeline.models import save_model
 
