@@ -73,5 +73,6 @@ def test_grpo_with_colocated_vllm_runs_steps_and_moves_the_weights(saved, tmp_pa
                           use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.2, success_prompts=0)
     metrics = rl.rl_train(cfg, RewardsConfig(), model, tok, rows, tmp_path / "work", tmp_path / "live")
     assert metrics["steps"] == 3
+    assert metrics["guided_replay"]["groups"] == 3 * 4  # every step's rollouts came through GuidedRollout on vLLM
     moved = sum(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters())
     assert moved > len(before) // 2
