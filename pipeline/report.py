@@ -164,7 +164,7 @@ def result_rows(root: Path) -> list[tuple[str, str]]:
     best = decoding.get("prm_best_of_n", {})
     sampled = sft.get("sampled", {})
     n = sampled.get("samples")
-    versus = best.get("vs_random") or _random_pick(sampled, decoding, best)
+    versus = best.get("vs_random", {})
     rows = [("majority answer per answer type (trivial baseline)", _num(sft.get("baseline_majority")))]
     rows += [(f"{name}, greedy", _num(evals.get(name, {}).get("accuracy"))) for name in ("teacher", *STUDENTS)]
     rows += [
@@ -183,17 +183,6 @@ def result_rows(root: Path) -> list[tuple[str, str]]:
          f"{sft.get('questions', '–')} / {decoding.get('greedy', {}).get('questions', '–')}; {n or '–'}"),
     ]
     return rows
-
-
-def _random_pick(sampled: dict, decoding: dict, best: dict) -> dict:
-    """Best-of-N against a random pick, for metrics written before `vs_random` existed: a random pick's
-    accuracy is the mean accuracy of the max(k, N) samples drawn on the same questions (exactly best-of-N's
-    N when k <= N). No standard error: that needs the per-question counts."""
-    if not best or sampled.get("questions") != decoding.get("greedy", {}).get("questions"):
-        return {}
-    random_pick = sampled.get("sampled_accuracy")
-    return {"random_pick": random_pick, "difference": round(best["accuracy"] - random_pick, 4),
-            "standard_error": None}
 
 
 def results_markdown(repo: Path = Path("."), columns=RESULT_COLUMNS) -> str:
