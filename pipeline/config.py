@@ -42,22 +42,29 @@ class Section(BaseModel):
         return value
 
 
-def _numbers_only(annotation) -> bool:
-    """Whether a field of this type takes numbers and no boolean: int, float, and their unions with None."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
-        else (annotation,)
-    return bool(args) and bool not in args and any(a in (int, float) for a in args)
+def _bare(annotation):
+    """A type without its `Annotated[...]` constraints (pydantic strips only the outermost)."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
 
 
 def _takes_boolean_as_number(annotation, value) -> bool:
-    """A boolean where the field wants a number, also among a list's items or a mapping's values."""
-    if isinstance(value, bool):
-        return _numbers_only(annotation)
+    """A boolean where the field wants a number: itself, or among a list's or tuple's items or a mapping's values,
+    through unions (one that offers bool takes it as it is) and `Annotated` constraints."""
+    annotation = _bare(annotation)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is list and args and isinstance(value, list):
-        return any(isinstance(v, bool) for v in value) and _numbers_only(args[0])
+    if origin in (typing.Union, types.UnionType):
+        options = [_bare(a) for a in args]
+        return not (isinstance(value, bool) and bool in options) and any(
+            _takes_boolean_as_number(a, value) for a in options)
+    if isinstance(value, bool):
+        return annotation in (int, float)
+    if origin in (list, tuple) and args and isinstance(value, list | tuple):
+        items = args if origin is tuple and Ellipsis not in args else args[:1] * len(value)
+        return any(_takes_boolean_as_number(a, v) for a, v in zip(items, value))
     if origin is dict and len(args) == 2 and isinstance(value, dict):
-        return any(isinstance(v, bool) for v in value.values()) and _numbers_only(args[1])
+        return any(_takes_boolean_as_number(args[1], v) for v in value.values())
     return False
 
 
@@ -1184,7 +1191,7 @@ def check_vllm_loads_whole_models(generation: GenerationConfig, grpo: GRPOStageC
     if generation.engine == "vllm" and adapters:
         problems.append(f"generation.engine: vllm loads whole models, and lora.save: adapter leaves models/"
                         f"{adapters[0]} an adapter folder: set lora.save: merged or generation.engine: hf")
-    if grpo.use_vllm and "sft" in adapters and (grpo.vllm_mode == "colocate" or grpo.vllm_server_base_url is None):
+    if grpo.use_vllm and "sft" in adapters and (grpo.vllm_mode == "colocate" or not grpo.vllm_server_base_url):
         problems.append("grpo.use_vllm: vLLM loads models/sft whole, and lora.save: adapter leaves it an adapter "
                         "folder: set lora.save: merged, or give grpo.vllm_server_base_url of a server that serves "
                         "a merged copy (vllm_mode: server)")

@@ -88,7 +88,8 @@ def main() -> None:
             if cfg.vllm_mode == "colocate" and (paths.model_dir("sft") / "adapter_config.json").is_file():
                 # TRL's colocated engine loads the policy's folder whole (LLM(model=...)): an adapter has no weights
                 raise InputError(f"{paths.model_dir('sft')}: a LoRA adapter folder; vLLM loads whole models: save "
-                                 "it merged (lora.save: merged) or use grpo.vllm_mode: server with a merged copy")
+                                 "it merged (lora.save: merged), or use grpo.vllm_mode: server with "
+                                 "grpo.vllm_server_base_url of a server that serves a merged copy")
         if vllm_server.starts_server(cfg) and not launch.in_rank():  # a rank uses the stage process's server
             plan = launch.plan_for(os.environ.get("DVC_STAGE", "grpo"))
             server = vllm_server.for_stage(cfg, load_section("model", ModelLoadConfig), paths.model_dir("sft"),

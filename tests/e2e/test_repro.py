@@ -143,7 +143,7 @@ def changed_files(repo, before: dict, after: dict) -> list[str]:
     lists each file's md5): which of the folder's files a forced re-run wrote differently."""
     def listing(md5: str) -> dict:
         entry = repo / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
-        return {f["relpath"]: f["md5"] for f in json.loads(entry.read_text())} if entry.exists() else {}
+        return {f["relpath"]: f["md5"] for f in json.loads(entry.read_text())} if md5 and entry.is_file() else {}
 
     changed = []
     for path, md5 in after.items():
