@@ -11,7 +11,7 @@ import os
 import re
 import types
 import typing
-from functools import lru_cache
+from functools import lru_cache, reduce
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -37,9 +37,18 @@ class Section(BaseModel):
     @classmethod
     def _no_boolean_numbers(cls, value, info):
         """pydantic reads true as 1 for a number: `-S sft.seed=true` would run seed 1 without a word."""
-        if _takes_boolean_as_number(cls.model_fields[info.field_name].annotation, value):
-            raise ValueError("must be a number, not a boolean")
+        if (below := _boolean_for_number(cls.model_fields[info.field_name].annotation, value)) is not None:
+            raise BooleanForNumber(below, reduce(lambda held, key: held[key], below, value))
         return value
+
+
+class BooleanForNumber(ValueError):
+    """A boolean where a number belongs; `below` the keys or indices under the field that hold it (the error
+    message names the whole dotted key: `rewards.weights.accuracy`)."""
+
+    def __init__(self, below: tuple, found: bool) -> None:
+        super().__init__("must be a number, not a boolean")
+        self.below, self.found = below, found
 
 
 def _bare(annotation):
@@ -49,23 +58,27 @@ def _bare(annotation):
     return annotation
 
 
-def _takes_boolean_as_number(annotation, value) -> bool:
-    """A boolean where the field wants a number: itself, or among a list's or tuple's items or a mapping's values,
-    through unions (one that offers bool takes it as it is) and `Annotated` constraints."""
+def _boolean_for_number(annotation, value) -> tuple | None:
+    """Where `value` holds a boolean that the field's type wants as a number: () for the value itself, a key or
+    index path for a mapping's value or a list's or tuple's item; None where it holds none. Through unions (one
+    that offers bool takes it as it is) and `Annotated` constraints."""
     annotation = _bare(annotation)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         options = [_bare(a) for a in args]
-        return not (isinstance(value, bool) and bool in options) and any(
-            _takes_boolean_as_number(a, value) for a in options)
+        if isinstance(value, bool) and bool in options:
+            return None
+        return next((found for a in options if (found := _boolean_for_number(a, value)) is not None), None)
     if isinstance(value, bool):
-        return annotation in (int, float)
+        return () if annotation in (int, float) else None
     if origin in (list, tuple) and args and isinstance(value, list | tuple):
         items = args if origin is tuple and Ellipsis not in args else args[:1] * len(value)
-        return any(_takes_boolean_as_number(a, v) for a, v in zip(items, value))
-    if origin is dict and len(args) == 2 and isinstance(value, dict):
-        return any(_takes_boolean_as_number(args[1], v) for v in value.values())
-    return False
+        pairs = zip(range(len(value)), items, value)
+    elif origin is dict and len(args) == 2 and isinstance(value, dict):
+        pairs = ((key, args[1], v) for key, v in value.items())
+    else:
+        return None
+    return next(((key, *found) for key, a, v in pairs if (found := _boolean_for_number(a, v)) is not None), None)
 
 
 ChartType = Literal["bar", "grouped_bar", "stacked_bar", "line", "pie"]
@@ -1096,7 +1109,11 @@ def read_params(path: Path | None = None) -> dict:
 def _format_errors(path: Path, name: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in (name, *err["loc"]))
+        error = err.get("ctx", {}).get("error")
+        below = error.below if isinstance(error, BooleanForNumber) else ()  # the item's own key or index
+        key = ".".join(str(p) for p in (name, *err["loc"], *below))
+        if below:
+            err = {**err, "input": error.found}  # the boolean, not the list or mapping around it
         if err["type"] == "extra_forbidden":
             lines.append(f"{path}: {key}: unknown key")
         else:

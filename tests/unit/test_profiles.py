@@ -123,8 +123,9 @@ def test_sets_fill_a_null_section_key_by_key(root):
     # each read silently before: true as seed 1, a null section as the schema's defaults under the profile's values
     (["sft.seed=true"], r"sft.seed: .*must be a number, not a boolean \(got True\)"),
     (["synthesize.answer_type_weights={number: true, binary: 1, text: 1}"],
-     r"synthesize.answer_type_weights: .*must be a number, not a boolean"),
-    (["sft.rank_drill.curriculum=[true, 200]"], r"sft.rank_drill.curriculum: .*must be a number, not a boolean"),
+     r"synthesize.answer_type_weights.number: .*must be a number, not a boolean \(got True\)"),
+    (["sft.rank_drill.curriculum=[200, false]"],
+     r"sft.rank_drill.curriculum.1: .*must be a number, not a boolean \(got False\)"),
     (["synthesize=null"], r"-S synthesize=null: synthesize: a section takes keys \(synthesize.<key>=<value>\), not null"),
     (["base.drills=3"], r"base.drills: a section takes keys .*not 3"),
 ])
