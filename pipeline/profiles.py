@@ -132,10 +132,12 @@ def merge(base: dict, over: dict, source: str, prefix: str = "") -> dict:
         # a section that was null (task.dataset) holds only the keys set so far: its schema says what is known
         if key not in base and not (parent and key in parent.model_fields):
             raise ConfigError(f"{source}: {dotted}: unknown key")
-        if _is_section(dotted) and not isinstance(value, dict) and not (value is None and _nullable(parent, key)):
+        section = _is_section(dotted)
+        if section and not isinstance(value, dict) and not (value is None and _nullable(parent, key)):
             # null would read as the schema's defaults, dropping every value of the profile beneath it
-            raise ConfigError(f"{source}: {dotted}: a section takes keys ({dotted}.<key>=<value>), not {json.dumps(value, default=str)}")
-        if isinstance(value, dict) and isinstance(base[key], dict) and _is_section(dotted):
+            raise ConfigError(f"{source}: {dotted}: a section takes keys ({dotted}.<key>=<value>), "
+                              f"not {json.dumps(value, default=str)}")
+        if section and isinstance(value, dict) and isinstance(base[key], dict):
             out[key] = merge(base[key], value, source, f"{dotted}.")
         else:
             out[key] = value
