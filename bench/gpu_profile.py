@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import tempfile
 import time
 import traceback
@@ -29,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeline.workspace import ROOT
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts), TFLOP/s.
 DATASHEET_BF16 = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}

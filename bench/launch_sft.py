@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeline.profiles import resolve
+from pipeline.workspace import ROOT, copy_project, write_params
 
-from tests.conftest import TINY_PARAMS, copy_project, write_params  # noqa: E402
+TINY_PARAMS = resolve("tiny", root=ROOT)
 
 MODEL = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2}

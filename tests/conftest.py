@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from pipeline.profiles import render, resolve
+from pipeline import workspace
+from pipeline.profiles import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,15 +37,8 @@ def api_post(api_url: str, route: str, body: dict) -> list[dict]:
 
 
 def write_params(folder: Path, params: dict = TINY_PARAMS, profile: str = "tiny") -> Path:
-    """params.yaml with every key of every section spelled out, as `python -m pipeline params` writes it
-    (dvc.yaml names single keys such as `distill.k`, which DVC requires to be present); its header names
-    `profile`, so values that differ from it read as hand edits."""
-    from pipeline.config import SECTIONS
-
-    full = {name: SECTIONS[name].model_validate(params.get(name) or {}).model_dump(mode="json") for name in SECTIONS}
-    path = folder / "params.yaml"
-    path.write_text(render(full, profile))
-    return path
+    """params.yaml for `params` (default: the tiny profile), as `python -m pipeline params` writes it."""
+    return workspace.write_params(folder, params, profile)
 
 
 @pytest.fixture(scope="session")
@@ -73,16 +65,7 @@ def prefect_api(tmp_path_factory):
 
 def copy_project(dest: Path) -> Path:
     """The tracked project files (no data, models or venv) into `dest`."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
-        text=True, check=True,
-    ).stdout.split()
-    for rel in files:
-        src = ROOT / rel
-        if src.is_file() and not rel.startswith(("tests/", "bench/", "experiments/")):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    return dest
+    return workspace.copy_project(dest, ROOT)
 
 
 def venv_env(**extra: str) -> dict[str, str]:
