@@ -18,7 +18,26 @@
   And each holds the CPU RNG state at its epoch's start (`EPOCH_RNG_FILE`): the length-grouped sampler draws an
   epoch's order from torch's global RNG as the epoch's iteration starts, while transformers restores the
   checkpoint's RNG only after skipping the trained batches, so a run resumed past its first epoch would otherwise
-  train the rest of that epoch in another order (`_EpochOrder`).
+  train the rest of that epoch in another order (`_EpochOrder`). The same file holds, for a sampler that keeps a
+  generator of its own (TRL's RepeatSampler, GRPO's), that generator's state at the epoch's start: a resumed process's
+  fresh one would give the resumed epoch the first epoch's order, training some prompts twice and others never.
+  And each holds, per rank, what the run keeps in memory (`STATE_FILE`, `_RunState`): the log window open at the
+  checkpoint (the loss summed since the last log and TRL's per-step values that its next log averages, which the
+  final metrics read from the last log: GRPO's `reward_last` and `kl_last`, DPO's `reward_accuracy_last`), TRL's
+  running token count, and the objects a caller names in `train(..., state=...)` (GRPO's guided-replay counts,
+  summed over the whole run). A run resumed from its last checkpoint (killed after training, before the stage's
+  outputs were in place) trains no step (`_no_step_past_the_end`) and reports the whole run's metrics.
+
+Proven by killing a real run (`PIPELINE_FAULT=kill@step:N`) after a checkpoint and running it again, against an
+uninterrupted run of the same settings: for SFT in tests/faults/test_resume.py (killed in the first epoch and in
+the second: exactly the remaining steps, each step's loss, `train_loss`), and for GRPO with guided replay, DPO and
+the PRM trainer in tests/faults/test_resume_rl.py (killed in the second epoch with the last log window open:
+exactly the remaining steps, each on the same batch with the same loss, GRPO's prompts, rollouts, rewards and
+replay counts at every step, every log, the final weights bit for bit and the metrics, timings aside; and resumed
+from the last checkpoint: no step, the same weights and metrics). Not proven by a test: TBRM and logit
+distillation (through the same `train`), and a resume on several ranks (each rank saves and restores its own
+state). A kill between transformers' `trainer_state.json` and this module's files leaves a checkpoint that
+`latest` takes as complete without them: that resume logs what it could not restore.
 
 Out of scope: the custom loops of `pipeline/drills.py` (the table drills, a few seconds each) neither
 checkpoint nor resume; they re-run from their start.
@@ -45,6 +64,7 @@ ROOT = Path(".checkpoints")
 KEEP = 2  # checkpoints kept per run: the newest may be half-written when a kill lands inside a save
 LOSS_FILE = "pipeline_loss_sum.json"  # in each checkpoint: the sum of its steps' losses, for `train_loss`
 EPOCH_RNG_FILE = "pipeline_epoch_rng.pt"  # in each checkpoint: its epoch and the CPU RNG state at that epoch's start
+STATE_FILE = "pipeline_state-{rank}.json"  # in each checkpoint, per rank: the open log window and `train`'s `state`
 
 _finished: list[Path] = []  # checkpoint folders of runs that trained to the end, removed when the stage completes
 
@@ -53,8 +73,11 @@ class Diverged(StageFailed):
     """The loss or gradient norm became NaN or infinite; the message names the step."""
 
 
-def train(trainer, stage_cfg: Any, label: str | None = None):
-    """`trainer.train()` guarded, checkpointed and resumed as `repro` says; returns its TrainOutput."""
+def train(trainer, stage_cfg: Any, label: str | None = None, state: dict[str, Any] | None = None):
+    """`trainer.train()` guarded, checkpointed and resumed as `repro` says; returns its TrainOutput.
+
+    `state`: name -> an object of the run's own whose `state_dict()` (JSON) goes into every checkpoint and whose
+    `load_state_dict()` gets it back on resume (GRPO's guided-replay counts)."""
     from pipeline.flows import current_stage
 
     label = label or (os.environ.get("DVC_STAGE") or current_stage or "run").replace("@", "-")
@@ -73,19 +96,45 @@ def train(trainer, stage_cfg: Any, label: str | None = None):
             resume_from = latest(folder)
     earlier = _loss_sum(resume_from) if resume_from is not None else 0.0
     losses = guard(trainer, label, folder)
+    run_state = None
     if folder is not None:
         trainer.add_callback(_SaveLossSum(losses, earlier))
         trainer.add_callback(_EpochOrder(_epoch_rng(resume_from) if resume_from is not None else None))
+        run_state = _RunState(trainer, state or {}, _saved_state(resume_from, trainer) if resume_from else None)
+        trainer.add_callback(run_state)
     if resume_from is not None:
         _log(f"{label}: resuming from {resume_from} (step {_step_of(resume_from)})")
+        _no_step_past_the_end(trainer)
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     if folder is not None:
         _finished.append(folder)
     if resume_from is not None and earlier is not None and result.global_step:
-        # transformers' mean covers the steps of this call only (global_step minus the checkpoint's step)
-        now = result.global_step - _step_of(resume_from)
-        result = result._replace(training_loss=(earlier + result.training_loss * now) / result.global_step)
+        # transformers' mean divides the losses of this call, and the open log window's that `_RunState` put back
+        # (already in `earlier`), by this call's steps only (global_step minus the checkpoint's step; at least 0.001,
+        # a resume from the run's last checkpoint training none)
+        now = max(result.global_step - _step_of(resume_from), 0.001)
+        summed = result.training_loss * now - (run_state.carried_loss if run_state is not None else 0.0)
+        result = result._replace(training_loss=(earlier + summed) / result.global_step)
     return result
+
+
+def _no_step_past_the_end(trainer) -> None:
+    """A run resumed from its last checkpoint trains no step. transformers checks `max_steps` only after a step: when
+    the last step falls inside an epoch (fractional `num_train_epochs`, or `max_steps` that no epoch ends at), it
+    would skip that epoch's trained batches and train the next one, a step the uninterrupted run never took (a stage
+    killed after training, before its outputs were in place, then runs again). So an epoch that begins with every
+    step trained is not run."""
+    run_epoch = getattr(trainer, "_run_epoch", None)
+    if run_epoch is None:  # another transformers: its own loop decides
+        return
+
+    def checked_epoch(*args, **kwargs):
+        if 0 < trainer.state.max_steps <= trainer.state.global_step:
+            trainer.control.should_training_stop = True
+            return None
+        return run_epoch(*args, **kwargs)
+
+    trainer._run_epoch = checked_epoch
 
 
 def _loss_sum(checkpoint: Path) -> float | None:
@@ -125,7 +174,12 @@ def _epoch_rng(checkpoint: Path) -> dict | None:
 class _EpochOrder(TrainerCallback):
     """Keeps the CPU RNG state at each epoch's start (before its sampler draws the order) for the checkpoints, and
     on resume puts the saved one back at the start of that same epoch; transformers then skips the trained batches
-    of the same order and restores the checkpoint's own RNG state for the steps that remain."""
+    of the same order and restores the checkpoint's own RNG state for the steps that remain.
+
+    The same for a sampler that draws from a generator of its own (TRL's RepeatSampler, GRPO's: seeded once when
+    the trainer is built, one permutation drawn per epoch): a resumed process's fresh generator would give the
+    resumed epoch the first epoch's order, training prompts again that the epoch already trained and skipping
+    others. transformers neither saves it nor replays the earlier epochs' draws."""
 
     def __init__(self, restore: dict | None) -> None:
         self.restore, self.start = restore, None
@@ -134,14 +188,90 @@ class _EpochOrder(TrainerCallback):
         batches = len(train_dataloader) if train_dataloader is not None else 0
         per_epoch = max(-(-batches // args.gradient_accumulation_steps), 1)  # optimizer steps, as transformers counts
         epoch = state.global_step // per_epoch
+        generator = _sampler_generator(train_dataloader)
         if self.restore is not None and int(self.restore["epoch"]) == epoch:
             torch.set_rng_state(self.restore["cpu"])
+            if generator is not None and self.restore.get("sampler") is not None:
+                generator.set_state(self.restore["sampler"])
         self.restore = None  # only the resumed epoch: a checkpoint at an epoch's end restores its own state
-        self.start = {"epoch": epoch, "cpu": torch.get_rng_state()}
+        self.start = {"epoch": epoch, "cpu": torch.get_rng_state(),
+                      "sampler": generator.get_state() if generator is not None else None}
 
     def on_save(self, args, state, control, **kwargs):
         if self.start is not None and state.is_world_process_zero:
             torch.save(self.start, Path(args.output_dir) / f"checkpoint-{state.global_step}" / EPOCH_RNG_FILE)
+
+
+def _sampler_generator(dataloader) -> torch.Generator | None:
+    """The torch.Generator the training sampler draws its order from, if it keeps one (under accelerate's
+    DataLoaderShard: its batch sampler's sampler)."""
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) or getattr(dataloader, "sampler", None)
+    generator = getattr(sampler, "generator", None)
+    return generator if isinstance(generator, torch.Generator) else None
+
+
+class _RunState(TrainerCallback):
+    """What a run keeps in memory beyond the trainer's own checkpoint, saved into each checkpoint by every rank
+    (`STATE_FILE`) and put back on resume:
+
+    - the open log window: the loss summed since the last log (transformers' `_tr_loss`), that log's step, and the
+      per-step values TRL averages into its next log (`_metrics`). A resumed run starts them empty, so its first
+      log would average only the steps it trained itself; when that is the run's last log, the final metrics that
+      read it (GRPO's `reward_last`, `kl_last`, DPO's `reward_accuracy_last`) would differ from an uninterrupted run's.
+    - TRL's running count of trained tokens (`_total_train_tokens`, logged as `num_tokens`), else counted from 0;
+    - `state`: `train`'s objects of the run's own (GRPO's guided-replay counts, summed over the whole run).
+
+    The trainer's private attributes are read where this transformers / TRL has them and skipped where not."""
+
+    def __init__(self, trainer, objects: dict[str, Any], saved: dict | None) -> None:
+        self.trainer, self.objects, self.saved = trainer, objects, saved
+        self.carried_loss = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # after transformers has reset the log window for this call, before the first step
+        if self.saved is None:
+            return
+        t, window = self.trainer, self.saved.get("window") or {}
+        if "loss" in window and isinstance(getattr(t, "_tr_loss", None), torch.Tensor):
+            t._tr_loss += window["loss"]
+            t._globalstep_last_logged = int(window["last_logged"])
+            self.carried_loss = float(window["loss"])
+        if isinstance(getattr(t, "_metrics", None), dict) and "train" in t._metrics:
+            t._metrics["train"].update({k: list(v) for k, v in (window.get("metrics") or {}).items()})
+        if self.saved.get("total_train_tokens") is not None and hasattr(t, "_total_train_tokens"):
+            t._total_train_tokens = self.saved["total_train_tokens"]
+        for name, obj in self.objects.items():
+            if name in self.saved.get("objects", {}):
+                obj.load_state_dict(self.saved["objects"][name])
+            else:
+                _log(f"the checkpoint holds no state of {name}: it starts over")
+        self.saved = None
+
+    def on_save(self, args, state, control, **kwargs):
+        t = self.trainer
+        window = {"last_logged": getattr(t, "_globalstep_last_logged", state.global_step)}
+        if isinstance(getattr(t, "_tr_loss", None), torch.Tensor):
+            window["loss"] = t._tr_loss.detach().float().sum().item()
+        if isinstance(getattr(t, "_metrics", None), dict) and "train" in t._metrics:
+            window["metrics"] = {k: [None if x is None else float(x) for x in v]
+                                 for k, v in t._metrics["train"].items()}
+        saved = {"step": state.global_step, "window": window,
+                 "total_train_tokens": getattr(t, "_total_train_tokens", None),
+                 "objects": {name: obj.state_dict() for name, obj in self.objects.items()}}
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE_FILE.format(rank=args.process_index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(saved))
+
+
+def _saved_state(checkpoint: Path, trainer) -> dict | None:
+    """This rank's `STATE_FILE` in `checkpoint` (None: saved before it existed, or by another number of ranks)."""
+    try:
+        return json.loads((checkpoint / STATE_FILE.format(rank=trainer.args.process_index)).read_text())
+    except (OSError, ValueError):
+        _log(f"{checkpoint} holds no {STATE_FILE.format(rank=trainer.args.process_index)}: the first log after "
+             "resuming averages the resumed steps only, and the run's own counts (guided replay) start over")
+        return None
 
 
 def stage_completed() -> None:

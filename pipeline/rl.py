@@ -67,6 +67,15 @@ class GuidedRollout:
         self.replay, self.tau, self.replay_samples = replay, replay_max_accuracy, replay_samples
         self.stats: Counter = Counter()
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (`checkpoints.train`'s `state`): `stats`, counted over the whole run, lives in
+        memory only, so a resumed run would otherwise report the resumed steps' counts as the run's. The sampling
+        needs nothing: its generator is seeded from the trainer's global step, which the checkpoint restores."""
+        return {"stats": dict(self.stats)}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.stats = Counter(saved["stats"])
+
     def __call__(self, prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
         if isinstance(prompts[0], str):
@@ -264,7 +273,7 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
     trainer = TBRMTrainer(**kwargs, tbrm_beta=cfg.beta) if cfg.algorithm == "tbrm" else GRPOTrainer(**kwargs)
     before = snapshot(model)
     start = time.perf_counter()
-    result = checkpoints.train(trainer, cfg)
+    result = checkpoints.train(trainer, cfg, state={"guided_replay": rollout})
     seconds = time.perf_counter() - start
     sharding.unshard(trainer, model)  # ZeRO-3: whole weights again, to save
     logs = [log for log in trainer.state.log_history if "reward" in log]
