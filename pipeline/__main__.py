@@ -5,9 +5,11 @@
   params  print (or --write) the params a profile and overrides resolve to; --list the profiles
   serve   serve prefect.yaml's scheduled deployment from this process (needs a server: make server)
   worker  make prefect.yaml's work pool if missing and run a worker on it (make worker)
-  server  the URL of the shared background Prefect server that stages outside `repro` use
-          (started if none runs); --stop stops it
-  report  this version's metrics, their diff against a git revision and paired-bootstrap accuracy changes
+  server  whether the shared background Prefect server that stages outside `repro` use runs, and its URL
+          (exit 1: none runs); --start starts one, --stop stops it
+  report  each model's accuracy against a git revision (paired bootstrap; --fail-on-regression: exit 1 when one
+          surely fell, 3 when one cannot be compared), then this version's tables and metrics changed (--metrics:
+          every metric too)
   status  which stages are stale (`dvc status`), after releasing the DVC locks a killed run left
 """
 
@@ -178,10 +180,41 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _server(args: argparse.Namespace) -> int:
-    from pipeline.flows import shared_server, stop_shared_server
+    """Whether the shared server runs (exit 0, its URL on the first line) or not (exit 1); --start starts one when
+    none runs, --stop stops it. Asking alone starts nothing and is not a use (its idle clock runs on)."""
+    from pipeline.flows import shared_server, shared_server_status, stop_shared_server
 
-    print(stop_shared_server() if args.stop else shared_server())
+    if args.start and args.stop:
+        print("error: server: --start or --stop, not both", file=sys.stderr)
+        return 2
+    if args.stop:
+        print(stop_shared_server())
+        return 0
+    before = shared_server_status()
+    if args.start:
+        url = shared_server()  # a running one is reused (and counts as used now)
+        status = shared_server_status() or {"url": url, "pid": "?"}
+        print(f"{url}\n{'the shared Prefect server already runs' if before else 'started the shared Prefect server'} "
+              f"(PID {status['pid']}); {_stops(status)}")
+        return 0
+    if before is None:
+        print("no shared Prefect server runs (nothing started: a stage run outside `python -m pipeline repro` starts "
+              "one itself, `python -m pipeline server --start` starts one now)")
+        return 1
+    print(f"{before['url']}\nthe shared Prefect server runs (PID {before['pid']}); a stage last took it "
+          f"{before['idle_for']:.0f} s ago; {_stops(before)}")
     return 0
+
+
+def _stops(status: dict) -> str:
+    """How the shared server will stop, in words."""
+    from pipeline.flows import IDLE_SECONDS
+
+    seconds = status.get("idle_seconds")
+    when = ("it does not stop by itself (its idle time is 0)" if seconds is not None and seconds <= 0 else
+            f"it stops itself once unused for {'its idle time' if seconds is None else f'{seconds:.0f} s'} "
+            f"({IDLE_SECONDS})")
+    return f"{when}; `python -m pipeline server --stop` stops it now"
 
 
 def _result_columns() -> tuple[tuple[str, str], ...]:
@@ -200,16 +233,21 @@ def _result_columns() -> tuple[tuple[str, str], ...]:
     return ((title, RESULT_COLUMNS[0][1]), *snapshots)
 
 
+# `report --fail-on-regression`: 1 when a gated model surely fell beyond its margin, 3 when none did but one could
+# not be judged (its predictions at a version are missing, or the test sets differ); 2 for bad arguments.
+REGRESSED, CANNOT_JUDGE = 1, 3
+
+
 def _report(args: argparse.Namespace) -> int:
     from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.compare import bootstrap_markdown, compare_models, gate, is_commit, parse_gate, resolve_rev
+    from pipeline.compare import bootstrap_markdown, compare_models, is_commit, judge, parse_gate, resolve_rev, shown
     from pipeline.report import (STUDENTS, decoding_markdown, generalisation_markdown, load_evaluations,
                                  results_markdown)
 
     if args.results:  # the README's results table: this run beside the snapshots in docs/results/
-        if args.rev or args.fail_on_regression:
-            print("error: --results shows this run beside docs/results/; it takes no --rev or --fail-on-regression",
-                  file=sys.stderr)
+        if args.rev or args.fail_on_regression or args.metrics:
+            print("error: --results shows this run beside docs/results/; it takes no --rev, --fail-on-regression "
+                  "or --metrics", file=sys.stderr)
             return 2
         print(results_markdown(columns=_result_columns()))
         return 0
@@ -229,25 +267,44 @@ def _report(args: argparse.Namespace) -> int:
               "the experiments)", file=sys.stderr)
         return 2
 
-    for row in metrics_rows():
-        print(f"{row['file']:40s} {row['metric']:40s} {row['value']}")
-    print()
-    print(models_markdown())
-    print()
-    evaluations = load_evaluations()
-    print(decoding_markdown(evaluations))
-    print()
-    print(generalisation_markdown(evaluations))
-    print()
+    # The decision first: each model's accuracy against the other version (and the gate's verdict), this run's
+    # results; then the details (changed metrics, decoding, generalisation); every raw metric only when asked.
     before, after = resolved[0], resolved[1] if len(resolved) == 2 else None
+    models = ["teacher", *STUDENTS]
+    results = compare_models(before, models, after)
+    print(f"## Against {shown(before)}" + (f" ({shown(after)} against it)" if after else "") + "\n")
+    print(bootstrap_markdown(before, models, after, results=results))
+    regressions, unjudged = judge(results, args.fail_on_regression) if gates else ([], [])
+    if gates:
+        verdict = ("regressed" if regressions else "cannot judge" if unjudged else "passed")
+        print(f"\nGate ({', '.join(args.fail_on_regression)}): {verdict}" +
+              "".join(f"\n- {line}" for line in [*regressions, *unjudged]))
+    print("\n## This workspace's models\n")
+    print(models_markdown())
+    print(f"\n## Metrics changed against {shown(before)}" + (f" at {shown(after)}" if after else "")
+          + " (timings left out)\n")
     print(diff_markdown(before, after))
-    print()
-    results = compare_models(before, ["teacher", *STUDENTS], after)
-    print(bootstrap_markdown(before, ["teacher", *STUDENTS], after, results=results))
-    failures = gate(results, args.fail_on_regression) if gates else []
-    for failure in failures:
-        print(f"regression: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    evaluations = load_evaluations()
+    print("\n## Decoding strategies\n")
+    print(decoding_markdown(evaluations))
+    print("\n## Generalisation\n")
+    print(generalisation_markdown(evaluations))
+    if args.metrics:
+        print("\n## Every metric (metrics/*.json)\n")
+        for row in metrics_rows():
+            print(f"{row['file']:40s} {row['metric']:40s} {row['value']}")
+    for line in regressions:
+        print(f"regression: {line}", file=sys.stderr)
+    for line in unjudged:
+        print(line, file=sys.stderr)
+    if regressions:
+        return REGRESSED
+    if unjudged:
+        print(f"error: --fail-on-regression could not judge {len(unjudged)} model(s) (exit {CANNOT_JUDGE}, not "
+              f"{REGRESSED}: nothing is known to have regressed); why, and what gets missing predictions, is under "
+              f"\"Against {shown(before)}\" above", file=sys.stderr)
+        return CANNOT_JUDGE
+    return 0
 
 
 def _pass_sigterm_on() -> None:
@@ -323,14 +380,21 @@ def main(argv: list[str] | None = None) -> int:
     for p in (serve, worker):
         p.add_argument("--name", help="the deployment of prefect.yaml (default: its first)")
     worker.add_argument("--type", default="process", help="work pool type when it is created (default: process)")
-    server = sub.add_parser("server", help="the shared background Prefect server's URL (started if needed)")
-    server.add_argument("--stop", action="store_true", help="stop it instead")
-    report = sub.add_parser("report", help="metrics and their diff against a revision")
+    server = sub.add_parser("server", help="whether the shared background Prefect server runs, and its URL (exit 1: "
+                            "none runs); starts nothing unless --start")
+    server.add_argument("--start", action="store_true", help="start one when none runs (then print its URL)")
+    server.add_argument("--stop", action="store_true", help="stop it")
+    report = sub.add_parser("report", help="accuracy against a revision first, then this version's tables")
     report.add_argument("--rev", action="append", help="a git revision or experiment to compare: once, against the "
                         "workspace; twice, the first against the second (default: HEAD against the workspace)")
     report.add_argument("--fail-on-regression", action="append", default=[], metavar="MODEL[:MARGIN]",
-                        help="exit 1 when MODEL's greedy test accuracy fell by more than MARGIN (a fraction, default "
-                        "0) beyond doubt: the upper 95%% bound of the paired change below -MARGIN; repeatable")
+                        help=f"exit {REGRESSED} when MODEL's greedy test accuracy fell by more than MARGIN (a "
+                        "fraction, default 0) beyond doubt: the upper 95%% bound of the paired change below -MARGIN; "
+                        f"exit {CANNOT_JUDGE} when none fell but one cannot be compared (its predictions missing at a "
+                        "version, or other test questions: the report says which, and what fetches missing ones); "
+                        "repeatable")
+    report.add_argument("--metrics", action="store_true",
+                        help="also every metric of metrics/*.json, one per line (after the tables)")
     report.add_argument("--results", action="store_true",
                         help="only the results table of the README (this run beside docs/results/)")
     status = sub.add_parser("status", help="dvc status (after releasing DVC's locks of killed runs)")

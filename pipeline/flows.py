@@ -5,8 +5,12 @@ the stage. `python -m pipeline repro` starts one server and hands its URL to
 every stage process through the environment (`PREFECT_API_URL`). A stage run
 without one (plain `dvc repro`, `dvc exp run`, the experiment queue) uses this
 machine's shared background server, found through `$PREFECT_HOME/pipeline-server.json`
-or started there by the first stage that needs it (it keeps running, so the
-next stages pay no start-up; `python -m pipeline server --stop` stops it).
+or started there by the first stage that needs it. It keeps running, so the
+next stages pay no start-up, until no stage has used it for
+`PIPELINE_SERVER_IDLE_SECONDS` (default 600, read when it starts; 0: never), when
+it stops itself and says so in `$PREFECT_HOME/pipeline-server.log`
+(`pipeline.idle`); the next stage then starts a fresh one. `python -m pipeline
+server --stop` stops it at once.
 `PIPELINE_SHARED_SERVER=0` restores Prefect's own temporary server per process
 (its cost: BENCHMARKS.md, "Orchestration").
 """
@@ -239,7 +243,8 @@ def flatten(data: dict, prefix: str = "") -> dict[str, float]:
 
 
 def publish_stage_metrics(stage: str) -> None:
-    """The stage's own metrics file as a table artifact of its flow run (`evaluate@sft`: metrics/evaluate/sft.json)."""
+    """The stage's own metrics file and its timings as a table artifact of its flow run (`evaluate@sft`:
+    metrics/evaluate/sft.json, timings/evaluate/sft.json)."""
     from pipeline import paths
 
     base, _, model = stage.partition("@")  # foreach stages: evaluate@<model>
@@ -247,8 +252,11 @@ def publish_stage_metrics(stage: str) -> None:
     if not file.exists():
         return
     rows = [{"metric": k, "value": v} for k, v in flatten(json.loads(file.read_text())).items()]
+    timings = paths.timings_file(file)  # the run's wall-clock figures, which DVC does not hash
+    if timings.exists():
+        rows += [{"metric": k, "value": v} for k, v in flatten(json.loads(timings.read_text())).items()]
     key = re.sub(r"[^a-z0-9-]+", "-", f"{stage}-metrics".lower())
-    publish_table(key, rows, f"Metrics of stage {stage} ({file})")
+    publish_table(key, rows, f"Metrics of stage {stage} ({file}; timings: {timings})")
 
 
 def log_imports(target: str, stage: str) -> None:
@@ -321,12 +329,14 @@ def prefect_home() -> Path:
     return Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
 
 
-def _start_server(log_path: Path, timeout: float, home: Path | None = None,
-                  tethered: bool = False) -> tuple[subprocess.Popen, str]:
+def _start_server(log_path: Path, timeout: float, home: Path | None = None, tethered: bool = False,
+                  idle: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """A Prefect API server on a free loopback port, in its own session, logging to `log_path`; returned once
     healthy (killed, and an error naming the log, when it exits or is not healthy within `timeout` s).
 
     `tethered`: started through `pipeline.tether`, so it stops when this process dies, even by SIGKILL.
+    `idle`: started through `pipeline.idle` with these arguments, so it stops once unused; the process returned
+    is then that watchdog, leader of the session.
     """
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -337,6 +347,8 @@ def _start_server(log_path: Path, timeout: float, home: Path | None = None,
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     if tethered:
         command = [sys.executable, "-m", "pipeline.tether", "--", *command]
+    elif idle is not None:
+        command = [sys.executable, "-m", "pipeline.idle", *idle, "--", *command]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE if tethered else subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -388,31 +400,79 @@ def prefect_server(home: Path | None = None, timeout: float = 120.0) -> Iterator
 
 SHARED_SERVER_SWITCH = "PIPELINE_SHARED_SERVER"
 SHARED_SERVER_FILE = "pipeline-server.json"  # in PREFECT_HOME: {"url", "pid"} of the shared server
+SHARED_SERVER_LOCK = "pipeline-server.lock"  # flock: taking or stopping the shared server
+SHARED_SERVER_IN_USE = "pipeline-server.in-use"  # shared flock, held by each process that took the server
+IDLE_SECONDS = "PIPELINE_SERVER_IDLE_SECONDS"  # the shared server stops after this long unused (0: never)
+_in_use: dict[Path, Any] = {}  # the open in-use files of this process, held until it exits
+
+
+def idle_seconds() -> float:
+    value = os.environ.get(IDLE_SECONDS, "600")
+    try:
+        return float(value)
+    except ValueError:
+        fail(f"{IDLE_SECONDS}={value!r}: not a number of seconds")  # exits 2
+        raise
 
 
 def shared_server(timeout: float = 120.0) -> str:
     """The API URL of this machine's shared background Prefect server, started (detached) if none answers.
 
     A lock file serialises the check and the start, so stages started at once (the experiment queue's
-    workers) share one server. Its database is PREFECT_HOME's, so its runs stay browsable.
+    workers) share one server. Its database is PREFECT_HOME's, so its runs stay browsable. It runs under
+    `pipeline.idle`, which stops it once no process has held the in-use flock (taken here, kept until this
+    process exits) or touched the state file (done here) for `PIPELINE_SERVER_IDLE_SECONDS`.
     """
     import fcntl
 
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     state = home / SHARED_SERVER_FILE
-    with open(home / "pipeline-server.lock", "w") as lock:
+    with open(home / SHARED_SERVER_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        url = None
         if state.exists():
             try:
                 url = json.loads(state.read_text())["url"]
             except (ValueError, KeyError):
                 url = None
-            if url and _healthy(url):
-                return url
-        proc, url = _start_server(home / "pipeline-server.log", timeout)  # left running for the next stages
-        state.write_text(json.dumps({"url": url, "pid": proc.pid}))
+        if url and _healthy(url):
+            state.touch()  # in use: its watchdog waits a full idle time from now
+        else:
+            idle = ["--seconds", str(idle_seconds()), "--state", str(state), "--lock", str(home / SHARED_SERVER_LOCK),
+                    "--in-use", str(home / SHARED_SERVER_IN_USE)]
+            proc, url = _start_server(home / "pipeline-server.log", timeout, idle=idle)  # left running
+            state.write_text(json.dumps({"url": url, "pid": proc.pid}))
+        if home not in _in_use:  # taken before the lock goes: the watchdog sees this process from now on
+            _in_use[home] = open(home / SHARED_SERVER_IN_USE, "a")
+            fcntl.flock(_in_use[home], fcntl.LOCK_SH)
         return url
+
+
+def shared_server_status() -> dict | None:
+    """The shared background server when one answers: {"url", "pid", "idle_for" (seconds since a stage last took
+    its URL; one may still be running on it), "idle_seconds" (after how long unused it stops, as its watchdog was
+    started; None if unknown)}; None when none is recorded or the recorded one does not answer. Read-only: it
+    starts nothing, takes no lock and touches no file, so asking does not keep the server up."""
+    import psutil
+
+    state = prefect_home() / SHARED_SERVER_FILE
+    try:
+        info = json.loads(state.read_text())
+        url, pid = info["url"], int(info["pid"])
+        touched = state.stat().st_mtime
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not _healthy(url):
+        return None
+    idle = None
+    try:
+        command = psutil.Process(pid).cmdline()  # the pipeline.idle watchdog: `--seconds S` among its arguments
+        if "--seconds" in command:
+            idle = float(command[command.index("--seconds") + 1])
+    except (psutil.Error, IndexError, ValueError):
+        idle = None
+    return {"url": url, "pid": pid, "idle_for": max(0.0, time.time() - touched), "idle_seconds": idle}
 
 
 def stop_shared_server() -> str:

@@ -2,9 +2,16 @@
 
     python -m pipeline.openai_server models/sft --port 8000 [--host 127.0.0.1] [--api-key-env VAR]
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions` (the messages rendered by the
-tokenizer's chat template; without one, their contents concatenated) and
-`GET /v1/models`. No streaming, no `stop` sequences, no logprobs (each refused with a 400, as is a
+Routes: `POST /v1/completions` (the prompt as sent), `POST /v1/chat/completions` and
+`GET /v1/models`. A chat request is served in the prompt format the model was trained with, as its
+folder's `pipeline_config.json` records it (`prompt`): `chat`, the messages rendered by the
+tokenizer's chat template, after the recorded system message when the request sends none; `raw`,
+the one user message's content as the model's whole prompt (the question as the task writes it), and
+a 400 naming the format for a system message or several turns, which a raw model never saw. A folder
+without that record (an older one, a Hub id) is served as before: the template when the tokenizer has
+one, else the message contents concatenated.
+
+No streaming, no `stop` sequences, no logprobs (each refused with a 400, as is a
 prompt plus `max_tokens` beyond the model's context, vLLM's rule). One model call at a time
 (a lock), each prompt decoded alone with `pipeline.generation.generate`, so a
 greedy answer equals `generate` on that prompt in-process. Serves the embedded
@@ -52,9 +59,10 @@ class OpenAIServer(ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections must not keep the process alive
 
     def __init__(self, address, model, tokenizer, model_name: str, api_key: str | None,
-                 before_request: BeforeRequest | None) -> None:
+                 before_request: BeforeRequest | None, prompt: dict | None = None) -> None:
         super().__init__(address, _Handler)
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+        self.prompt = prompt  # the format the model was trained with ({"format", "system"}); None: not recorded
         self.api_key, self.before_request = api_key, before_request
         self.model_lock = threading.Lock()  # one generate() at a time: the model and torch's RNG are shared
 
@@ -67,10 +75,30 @@ class OpenAIServer(ThreadingHTTPServer):
 
 def make_server(
     model, tokenizer, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-    before_request: BeforeRequest | None = None, model_name: str = "local",
+    before_request: BeforeRequest | None = None, model_name: str = "local", prompt: dict | None = None,
 ) -> OpenAIServer:
-    """A bound server, not yet serving: call `serve_forever()` (port 0 picks a free port: `server_address`)."""
-    return OpenAIServer((host, port), model, tokenizer, model_name, api_key, before_request)
+    """A bound server, not yet serving: call `serve_forever()` (port 0 picks a free port: `server_address`).
+
+    `prompt`: the format the model was trained with (`prompt_format(folder)`), which chat requests are served in;
+    None when unknown."""
+    return OpenAIServer((host, port), model, tokenizer, model_name, api_key, before_request, prompt)
+
+
+def prompt_format(model_dir: str | os.PathLike) -> dict | None:
+    """The prompt format a model folder records it was trained with (`pipeline_config.json`'s `prompt`:
+    {"format": "raw" or "chat", "system": ...}); None for a folder without it (older ones, a Hub id)."""
+    from pathlib import Path
+
+    from pipeline import paths
+
+    manifest = Path(model_dir) / paths.MODEL_MANIFEST
+    try:
+        prompt = json.loads(manifest.read_text()).get("prompt")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(prompt, dict) or prompt.get("format") not in ("raw", "chat"):
+        return None
+    return {"format": prompt["format"], "system": prompt.get("system")}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -131,7 +159,8 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(hook, float):
             time.sleep(hook)
         chat = route == "/v1/chat/completions"
-        prompts = ([_chat_prompt(body.get("messages"), self.server.tokenizer)] if chat
+        prompts = ([_chat_prompt(body.get("messages"), self.server.tokenizer, self.server.prompt,
+                                 self.server.model_name)] if chat
                    else _prompts(body.get("prompt")))
         return self._generate(body, prompts, chat)
 
@@ -225,9 +254,11 @@ def _prompts(prompt: Any) -> list[str]:
     raise RequestError(400, "prompt must be a non-empty string or a non-empty list of strings")
 
 
-def _chat_prompt(messages: Any, tokenizer=None) -> str:
-    """The conversation rendered by the tokenizer's chat template (as vLLM does), ready for the assistant's
-    answer; without a template, the message contents concatenated (roles dropped). Text parts count."""
+def _chat_prompt(messages: Any, tokenizer=None, prompt: dict | None = None, name: str = "local") -> str:
+    """The text the model reads for a chat request, in the format it was trained with (`prompt`, see the module
+    docstring): raw, the one user message's content; chat, the conversation (after the recorded system message
+    when it has none) rendered by the tokenizer's chat template. Not recorded (None): the template when there is
+    one (as vLLM does), else the message contents concatenated (roles dropped). Text parts count."""
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "messages must be a non-empty list")
     parts, conversation = [], []
@@ -239,6 +270,19 @@ def _chat_prompt(messages: Any, tokenizer=None) -> str:
             raise RequestError(400, "each message needs a string content (or text parts)")
         parts.append(content)
         conversation.append({"role": str(message.get("role", "user")), "content": content})
+    if prompt is not None and prompt.get("format") == "raw":
+        roles = [m["role"] for m in conversation]
+        if roles != ["user"]:
+            got = ("a system message" if "system" in roles else
+                   f"{len(roles)} messages ({', '.join(roles)})" if len(roles) > 1 else f"a {roles[0]} message")
+            raise RequestError(400, f"The model `{name}` was trained with prompt format raw (the question's text "
+                                    "alone, no roles or chat template), so a chat request to it is one user message "
+                                    f"whose content is the question, served as the model's whole prompt; got {got}. "
+                                    "Send the text itself to /v1/completions, or serve a model trained with "
+                                    "prompt.format chat.")
+        return conversation[0]["content"]
+    if prompt is not None and prompt.get("system") and not any(m["role"] == "system" for m in conversation):
+        conversation.insert(0, {"role": "system", "content": prompt["system"]})  # as it was trained
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     return "".join(parts)
@@ -279,12 +323,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     name = args.served_model_name or args.model_dir
+    prompt = prompt_format(args.model_dir)
     try:
-        server = make_server(model, tokenizer, args.host, args.port, api_key=api_key, model_name=name)
+        server = make_server(model, tokenizer, args.host, args.port, api_key=api_key, model_name=name, prompt=prompt)
     except OSError as exc:  # the port is taken, or the host is not this machine's
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         raise SystemExit(2) from None
-    log.info("serving %s at %s%s", name, server.url, " (API key required)" if api_key else "")
+    log.info("serving %s at %s%s; chat requests %s", name, server.url, " (API key required)" if api_key else "",
+             "as its raw prompt (prompt format raw, pipeline_config.json)" if prompt and prompt["format"] == "raw"
+             else "through its chat template (prompt format chat, pipeline_config.json)" if prompt
+             else f"through its chat template if any (no prompt format recorded in {args.model_dir})")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

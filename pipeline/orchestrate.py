@@ -104,7 +104,10 @@ def metrics_rows(root: Path = paths.METRICS) -> list[dict]:
 
 
 def diff_markdown(rev: str = "HEAD", after: str | None = None) -> str:
-    """`dvc metrics diff` of `after` (None: the workspace) against `rev`, as a markdown table."""
+    """`dvc metrics diff` of `after` (None: the workspace) against `rev`, as a markdown table, without the timing
+    keys (seconds, throughputs: `pipeline.io.is_timing`) that an older revision's metrics files still hold."""
+    from pipeline.io import is_timing
+
     revs = [rev] + ([after] if after else [])
     proc = dvc("metrics", "diff", *revs, "--json", capture=True)
     if proc.returncode != 0:
@@ -113,6 +116,8 @@ def diff_markdown(rev: str = "HEAD", after: str | None = None) -> str:
     lines = ["| file | metric | old | new | change |", "|---|---|---|---|---|"]
     for file, entries in sorted(diff.items()):
         for key, d in sorted(entries.items()):
+            if is_timing(key):  # a flattened key: any of its parts ("decoding.greedy.seconds_per_question")
+                continue
             change = d.get('diff')
             change = round(change, 4) if isinstance(change, float) else change
             lines.append(f"| {file} | {key} | {d.get('old')} | {d.get('new')} | {change} |")

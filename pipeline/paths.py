@@ -11,6 +11,9 @@ DATA = Path("data")
 MODELS = Path("models")
 METRICS = Path("metrics")
 PLOTS = Path("plots")
+# Wall-clock figures (seconds, throughputs) of each stage's last run: beside, never inside, what DVC hashes, since a
+# machine's speed would change dvc.lock on every re-run. Not tracked by git or DVC.
+TIMINGS = Path("timings")
 
 SPLITS = ("train", "val", "test", "ood")
 
@@ -56,6 +59,11 @@ def metrics_file(stage: str) -> Path:
 def eval_metrics_file(model: str) -> Path:
     """One evaluated model's metrics: metrics/evaluate/<model>.json."""
     return METRICS / "evaluate" / f"{model}.json"
+
+
+def timings_file(metrics: Path) -> Path:
+    """The wall-clock figures of a metrics file: timings/<stage>.json, timings/evaluate/<model>.json."""
+    return TIMINGS / Path(metrics).relative_to(METRICS)
 
 
 def eval_predictions_dir(model: str) -> Path:

@@ -60,8 +60,26 @@ PRM_MARK = "prm_verdict"  # config.json key of a trained PRM: how its logits are
 
 def scored_lines(completion: object) -> list[str]:
     """The steps a PRM scores, in order (`pipeline.task`): for the chart task every `Step` line up to the first
-    `Answer:` line, and that line; for a dataset its lines or paragraphs up to the one that states the answer."""
+    `Answer:` line, and that line; for a dataset its lines or paragraphs up to the one that states the answer.
+
+    `completion`: one completion's text, or a `pipeline.generation.Generation` (its `.text`); None (no completion)
+    has no lines. Anything else (the list of Generations `generate` gives per prompt) is a TypeError."""
+    from pipeline.generation import Generation
+
+    if isinstance(completion, Generation):
+        completion = completion.text
+    if completion is not None and not isinstance(completion, str):
+        raise TypeError(f"scored_lines takes one completion: its text (a str) or a Generation, not a "
+                        f"{_kind(completion)}; generate() gives a list per prompt of Generations, so one completion "
+                        "is out[i][j] (or out[i][j].text)")
     return tasks.active().steps(completion)
+
+
+def _kind(value: object) -> str:
+    """'list of Generation', 'dict', ...: what was passed, for a TypeError."""
+    if isinstance(value, (list, tuple)) and value:
+        return f"{type(value).__name__} of {type(value[0]).__name__}"
+    return type(value).__name__
 
 
 def is_terminal(line: str) -> bool:
@@ -345,6 +363,31 @@ def _deepened(model, extra: int):
     return deeper
 
 
+def _check_pairs(prompts: object, lines: object) -> None:
+    """`PRMScorer.score`'s arguments as it reads them, or an error that says what it wants."""
+    want = ("score(prompts, lines) takes a list of prompt texts and, per prompt, a list of its lines "
+            "(scored_lines(completion))")
+
+    def listlike(value: object) -> bool:  # a list, tuple or array; a str is a sequence of characters, not lines
+        return not isinstance(value, (str, bytes)) and hasattr(value, "__len__") and hasattr(value, "__iter__")
+
+    if not listlike(prompts):
+        raise TypeError(f"{want}; prompts is a {_kind(prompts)}" + (" (one prompt: [prompt])"
+                                                                   if isinstance(prompts, str) else ""))
+    if not listlike(lines):
+        raise TypeError(f"{want}; lines is a {_kind(lines)}")
+    for prompt in prompts:
+        if not isinstance(prompt, str):
+            raise TypeError(f"{want}; a prompt is a {_kind(prompt)}")
+    for one in lines:
+        if isinstance(one, str):
+            raise TypeError(f"{want}; an item of lines is a str (a completion's text? pass scored_lines(text))")
+        if not listlike(one) or not all(isinstance(line, str) for line in one):
+            raise TypeError(f"{want}; an item of lines is a {_kind(one)}, not a list of str")
+    if len(prompts) != len(lines):
+        raise ValueError(f"{want}; {len(prompts)} prompts but {len(lines)} lists of lines")
+
+
 class PRMScorer:
     """Batched PRM scoring of (prompt, lines) pairs: one forward pass scores every line of every pair.
 
@@ -387,7 +430,12 @@ class PRMScorer:
 
     @torch.inference_mode()
     def score(self, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[list[float]]:
-        """For each pair, the probability that each line is right; [] for a pair without lines."""
+        """For each pair, the probability that each line is right; [] for a pair without lines.
+
+        `prompts`: a list of prompt texts; `lines`: one list of lines per prompt (`scored_lines(completion)`). What
+        it cannot read (a bare string, a Generation, a completion's text in place of its lines, lists of unequal
+        length) is a TypeError or ValueError naming what it wants."""
+        _check_pairs(prompts, lines)
         # Equal pairs (a policy often samples the same solution twice) are read once.
         first: dict[tuple[str, tuple[str, ...]], int] = {}
         same = [first.setdefault((p, tuple(ls)), i) for i, (p, ls) in enumerate(zip(prompts, lines))]

@@ -38,13 +38,19 @@ def main(argv: list[str]) -> int:
     while not stop.wait(0.5):
         if child.poll() is not None:
             return child.returncode
+    stop_session(child)
+    return 0
+
+
+def stop_session(child: subprocess.Popen) -> None:
+    """SIGTERM to this process's whole group (`child`, the server, and what it started), SIGKILL after `GRACE` s
+    if `child` has not exited (this process, in the same group, dies with it then)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(os.getpgrp(), signal.SIGTERM)
     try:
         child.wait(GRACE)
     except subprocess.TimeoutExpired:
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    return 0
 
 
 if __name__ == "__main__":

@@ -24,20 +24,31 @@ def uncommitted_files() -> list[str]:
     return [f for f in changed if f not in RECORDED and not f.startswith(tuple(f"{r}/" for r in RECORDED))]
 
 
-def missing_remote() -> str | None:
-    """Why `dvc pull` / `dvc push` cannot work here, before they are tried (and retried): no default remote, or a
-    local folder that does not exist (`make remote` makes the default one); None when they can try."""
+def default_remote() -> tuple[str, str, bool] | None:
+    """(name, where, reachable) of the default DVC remote: a local one's folder as an absolute path (a relative url
+    is relative to .dvc/, its config) and whether that folder exists; a cloud one's url and True (DVC itself says
+    what is wrong with it). None when no default remote is configured."""
     def dvc(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "dvc", *args], capture_output=True, text=True, check=False)
 
     asked = dvc("remote", "default")  # exit 1 without one
     default = asked.stdout.strip() if asked.returncode == 0 else ""
     if not default:
-        return "no default DVC remote (`make remote` makes a folder beside the repository; or `dvc remote add -d`)"
-    url = dvc("config", f"remote.{default}.url").stdout.strip()
-    if not url or "://" in url:  # a cloud remote: DVC itself says what is wrong with it
         return None
-    folder = (Path(".dvc") / Path(url).expanduser()).resolve()  # a relative url is relative to .dvc/ (its config)
-    if not folder.is_dir():
-        return f"the default DVC remote {default!r} is a folder that does not exist: {folder} (`make remote` makes it)"
+    url = dvc("config", f"remote.{default}.url").stdout.strip()
+    if not url or "://" in url:
+        return default, url, True
+    folder = (Path(".dvc") / Path(url).expanduser()).resolve()
+    return default, str(folder), folder.is_dir()
+
+
+def missing_remote() -> str | None:
+    """Why `dvc pull` / `dvc push` cannot work here, before they are tried (and retried): no default remote, or a
+    local folder that does not exist (`make remote` makes the default one); None when they can try."""
+    remote = default_remote()
+    if remote is None:
+        return "no default DVC remote (`make remote` makes a folder beside the repository; or `dvc remote add -d`)"
+    name, folder, reachable = remote
+    if not reachable:
+        return f"the default DVC remote {name!r} is a folder that does not exist: {folder} (`make remote` makes it)"
     return None

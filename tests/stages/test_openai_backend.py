@@ -29,8 +29,9 @@ def tiny(tmp_path_factory):
     texts = [f"Question: what is {a}+{b}?\nStep 1: {a} + {b} = {a + b}.\nAnswer: {a + b}"
              for a in range(20) for b in range(15)]
     tok = train_tokenizer(texts, 320)
-    cfg = BaseModelConfig(seed=0, vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    # a Qwen2 (not the default Llama): at this seed and init its random answers differ between the prompts
+    cfg = BaseModelConfig(architecture="qwen2", seed=0, vocab_size=320, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
     folder = tmp_path_factory.mktemp("tiny_model")
     model = build_student(cfg, tok)
     with torch.no_grad():  # the default 0.02 init answers every prompt alike; wide weights make answers differ
@@ -238,3 +239,56 @@ def test_requests_the_server_cannot_serve_get_a_400_not_a_500_or_a_hang(tiny):
             status, body = ask(conn, ok, headers={"Content-Length": length}, raw=b"")
             assert status == 400 and "Content-Length must be a whole number" in body["error"]["message"], length
         assert ask(http.client.HTTPConnection(host, port, timeout=30), ok)[0] == 200  # still serving
+
+
+def test_chat_requests_are_served_in_the_prompt_format_the_model_folder_records(tiny, tmp_path):
+    """Through the official client: a model trained raw (its folder's pipeline_config.json says so) answers a chat
+    request as it answers the user message's text as a completion, not through a chat template it never saw, and
+    refuses a system message or several turns with a 400 naming its format; a chat-trained one renders the messages
+    through its template, after the system message it was trained with."""
+    import json
+
+    import openai
+
+    from pipeline import paths
+    from pipeline.openai_server import prompt_format
+
+    model, tok = tiny
+    question = PROMPTS[0]
+    templated = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                        add_generation_prompt=True)
+    raw_answer, templated_answer = (generate(model, tok, [p], max_new_tokens=8, progress=False)[0][0].text
+                                    for p in (question, templated))
+    assert raw_answer != templated_answer  # so the test tells the two formats apart
+    folders = {}
+    for fmt, system in (("raw", None), ("chat", "Answer briefly.")):
+        folders[fmt] = tmp_path / fmt
+        folders[fmt].mkdir()
+        (folders[fmt] / paths.MODEL_MANIFEST).write_text(json.dumps({"stage": "sft", "prompt": {"format": fmt,
+                                                                                                 "system": system}}))
+    assert prompt_format(folders["raw"]) == {"format": "raw", "system": None}
+    assert prompt_format(tmp_path) is None  # an older folder: not recorded
+
+    with serving(tiny, prompt=prompt_format(folders["raw"])) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        chat = client.chat.completions.create(model="local", messages=[{"role": "user", "content": question}],
+                                              temperature=0, max_tokens=8)
+        completion = client.completions.create(model="local", prompt=question, temperature=0, max_tokens=8)
+        assert chat.choices[0].message.content == completion.choices[0].text == raw_answer
+        for messages, named in (([{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}],
+                                 "a system message"),
+                                ([{"role": "user", "content": question}, {"role": "assistant", "content": "7"},
+                                  {"role": "user", "content": question}], "3 messages")):
+            with pytest.raises(openai.BadRequestError, match=rf"trained with prompt format raw.*got {named}") as err:
+                client.chat.completions.create(model="local", messages=messages, temperature=0, max_tokens=8)
+            assert err.value.status_code == 400
+
+    with serving(tiny, prompt=prompt_format(folders["chat"])) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        chat = client.chat.completions.create(model="local", messages=[{"role": "user", "content": question}],
+                                              temperature=0, max_tokens=8)
+    with_system = tok.apply_chat_template([{"role": "system", "content": "Answer briefly."},
+                                           {"role": "user", "content": question}], tokenize=False,
+                                          add_generation_prompt=True)
+    assert chat.choices[0].message.content == generate(model, tok, [with_system], max_new_tokens=8,
+                                                       progress=False)[0][0].text

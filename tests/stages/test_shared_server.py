@@ -1,15 +1,21 @@
 """Stages run outside `python -m pipeline repro` (plain `dvc repro`, `dvc exp run`, the queue) share one
 background Prefect server instead of starting a temporary one each; `python -m pipeline server --stop`
-stops it. Each stage publishes its metrics file as an artifact of its flow run."""
+stops it, and it stops itself once unused for PIPELINE_SERVER_IDLE_SECONDS. Each stage publishes its metrics
+file as an artifact of its flow run."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
+
+from pipeline.idle import in_use, quiet
 from tests.conftest import ROOT, api_post, venv_env
 
 PROBE = """
@@ -54,6 +60,61 @@ def test_stage_processes_without_an_api_url_share_one_background_server(tmp_path
         time.sleep(0.2)
     else:
         raise AssertionError("the shared server still runs after --stop")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_an_unused_shared_server_stops_itself_and_the_next_stage_starts_a_fresh_one(tmp_path):
+    home = tmp_path / "home"
+    env = venv_env(PREFECT_HOME=str(home), PYTHONPATH=str(ROOT), PIPELINE_SERVER_IDLE_SECONDS="3")
+    env.pop("PREFECT_API_URL", None)
+    state, log = home / "pipeline-server.json", home / "pipeline-server.log"
+    stopping = "stopping the shared Prefect server (PIPELINE_SERVER_IDLE_SECONDS)"
+    # the second stage outlasts the idle time: a stage on the server keeps it up
+    probes = [PROBE, PROBE.replace('print("probe ran")', 'import time; time.sleep(5); print("probe ran")')]
+    pids: list[int] = []
+    try:
+        for probe in probes:
+            proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=180)
+            assert proc.returncode == 0 and "probe ran" in proc.stdout, proc.stderr[-2000:]
+            pids.append(json.loads(state.read_text())["pid"])
+            # the recorded PID leads the session and process group the server runs in (what --stop signals)
+            leader = psutil.Process(pids[-1])
+            (server,) = [p for p in (leader, *leader.children()) if p.cmdline()[1:4] == ["-m", "prefect", "server"]]
+            assert os.getpgid(server.pid) == os.getsid(server.pid) == pids[-1]
+            if len(pids) == 1:
+                deadline = time.monotonic() + 60
+                while not (gone(pids[0]) and gone(server.pid)) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert gone(pids[0]) and gone(server.pid), "the unused shared server still runs after 60 s"
+                assert not state.exists() and log.read_text().count(stopping) == 1
+        assert pids[1] != pids[0]  # a fresh server
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.killpg(pid, signal.SIGTERM)
+
+
+def test_the_shared_server_stays_up_while_a_stage_holds_it_or_the_state_file_is_fresh(tmp_path):
+    now = 1_000_000.0
+    assert quiet(now, busy_at=now - 601, touched_at=now - 700, seconds=600)
+    assert not quiet(now, busy_at=now - 10, touched_at=now - 700, seconds=600)  # a stage ran 10 s ago
+    assert not quiet(now, busy_at=now - 700, touched_at=now - 10, seconds=600)  # a stage just took the URL
+    assert quiet(now, busy_at=now - 700, touched_at=None, seconds=600)  # the state file is gone
+    assert not quiet(now, busy_at=now - 10**6, touched_at=None, seconds=0)  # 0: never
+    # a stage process holds a shared flock on the in-use file from taking the server until it exits
+    path = tmp_path / "pipeline-server.in-use"
+    assert not in_use(path)
+    with open(path, "a") as stage:
+        fcntl.flock(stage, fcntl.LOCK_SH)
+        assert in_use(path)
+    assert not in_use(path)
 
 
 PHASES = """

@@ -113,3 +113,101 @@ def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_
     assert cli.main(["report", "--results", "--rev", "A"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "error: --rev nosuch: neither a git revision nor a DVC experiment here" in err
+
+
+class DataIndexDirError(Exception):
+    """What DVC raises for an output its dvc.lock records but neither its cache nor its remote holds."""
+
+
+def _quiet_report(monkeypatch, by_rev: dict, recorded: dict | None = None, diff=None, rows=None):
+    """`report` with predictions per revision from `by_rev` (absent: DVC's error for a missing output) and every
+    table but the comparison stubbed."""
+    from pipeline import compare, orchestrate, report, versions
+
+    def read(path, rev=None, split="test"):
+        if rev not in by_rev:
+            raise DataIndexDirError("failed to load directory ('data', 'evaluate', 'sft')")
+        return by_rev[rev]
+
+    monkeypatch.setattr(compare, "read_predictions", read)
+    monkeypatch.setattr(compare, "recording_stage", lambda path, rev=None: (recorded or {}).get(
+        (path.split("/")[2], rev), f"evaluate@{path.split('/')[2]}"))
+    monkeypatch.setattr(versions, "default_remote", lambda: ("local", "/srv/dvc-remote", True))
+    monkeypatch.setattr(orchestrate, "diff_markdown", diff or (lambda before, after=None: f"diff {before} {after}"))
+    monkeypatch.setattr(orchestrate, "metrics_rows", lambda: rows or [])
+    monkeypatch.setattr(orchestrate, "models_markdown", lambda: "MODELS TABLE")
+    monkeypatch.setattr(report, "load_evaluations", lambda: {})
+    monkeypatch.setattr(report, "decoding_markdown", lambda e: "")
+    monkeypatch.setattr(report, "generalisation_markdown", lambda e: "")
+    monkeypatch.setattr(compare, "is_commit", lambda rev: rev in ("A", "B", "HEAD"))
+
+
+def test_a_version_without_predictions_gets_one_line_saying_what_fetches_them_and_the_gate_exits_3(
+        monkeypatch, capsys):
+    """A fresh clone: HEAD's predictions in neither the cache nor the remote. The report still compares what it
+    has, names per version what is missing and what gets it (not DVC's internals), and the gate's refusal to judge
+    exits 3, apart from a regression's 1."""
+    from pipeline import __main__ as cli
+
+    good, worse = rows([True] * 200), rows([True] * 150 + [False] * 50)
+    _quiet_report(monkeypatch, {"B": good}, recorded={("dpo", "A"): None})
+    assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.01"]) == 3
+    out, err = capsys.readouterr()
+    assert "failed to load directory" not in out + err
+    assert "| sft | no predictions at A | | | | |" in out
+    (line,) = [l for l in out.splitlines() if l.startswith("- A: ")]  # one line for the version, every model in it
+    assert line.startswith("- A: no predictions of teacher, sft, sft_extended, grpo: its dvc.lock records them "
+                           "(evaluate@teacher evaluate@sft evaluate@sft_extended evaluate@grpo), but neither this "
+                           "DVC cache nor remote `local` (/srv/dvc-remote) holds them; `dvc push -r local` where A "
+                           "was run puts them where this report reads them, or re-run them at A: `git worktree add "
+                           "--detach ../at-A A && cd ../at-A && dvc cache dir --local ")
+    assert line.endswith("&& python -m pipeline repro evaluate@teacher evaluate@sft evaluate@sft_extended "
+                         "evaluate@grpo`; dpo not evaluated at A (no evaluate@ stage of its dvc.lock holds them): "
+                         "nothing to fetch; re-running that revision with them evaluated would compare them")
+    assert "Gate (sft:0.01): cannot judge\n- sft: cannot judge a regression: no predictions at A: in neither the " \
+           "DVC cache nor the remote" in out.replace("its dvc.lock records them, ", "")
+    assert "error: --fail-on-regression could not judge 1 model(s) (exit 3, not 1" in err
+    # a regression beside a model it cannot judge: 1, the finding
+    _quiet_report(monkeypatch, {"A": good, "B": worse})
+    monkeypatch.setattr("pipeline.compare.read_predictions", lambda path, rev=None, split="test": (
+        {"A": good, "B": worse}[rev] if "/sft/" in path or rev == "B" else
+        (_ for _ in ()).throw(DataIndexDirError("failed to load"))))
+    assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.1",
+                     "--fail-on-regression", "grpo"]) == 1
+    out, err = capsys.readouterr()
+    assert "Gate (sft:0.1, grpo): regressed" in out and "regression: sft: accuracy 1.000 -> 0.750" in err
+    assert "\ngrpo: cannot judge a regression: no predictions at A" in err
+    # the workspace's own: dvc.lock records them but they are not here; `dvc pull` from the remote fetches them
+    from pipeline.compare import Missing, missing_lines
+
+    workspace = missing_lines({"grpo": Missing("no predictions at the workspace: not in the workspace",
+                                               [(None, "evaluate@grpo")])})
+    assert workspace == ["workspace: no predictions of grpo here, though dvc.lock records them: `dvc pull -r local "
+                         "evaluate@grpo` fetches them from remote `local` (/srv/dvc-remote), or `python -m pipeline "
+                         "repro evaluate@grpo` makes them"]
+
+
+def test_recording_stage_reads_a_revisions_dvc_lock():
+    from pipeline.compare import recording_stage
+
+    assert recording_stage("data/evaluate/sft/predictions.parquet", "HEAD") == "evaluate@sft"
+    assert recording_stage("data/evaluate/nosuch/predictions.parquet", "HEAD") is None
+    assert recording_stage("data/evaluate/sft/predictions.parquet", "0" * 40) is None  # no such revision
+
+
+def test_the_report_leads_with_the_decision_and_shows_raw_metrics_only_when_asked(monkeypatch, capsys):
+    from pipeline import __main__ as cli
+
+    _quiet_report(monkeypatch, {"A": rows([True] * 200), "B": rows([True] * 200)},
+                  rows=[{"file": "metrics/sft.json", "metric": "loss", "value": 0.5}])
+    assert cli.main(["report", "--rev", "A", "--rev", "B"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "## Against A (B against it)" and "| sft | 1.000 | 1.000 | +0.000 |" in "\n".join(lines[:12])
+    assert out.index("| sft | 1.000") < out.index("MODELS TABLE") < out.index("diff A B")
+    assert "## Metrics changed against A at B (timings left out)" in out
+    assert "metrics/sft.json" not in out and "## Every metric" not in out
+    assert cli.main(["report", "--rev", "A", "--rev", "B", "--metrics"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("diff A B") < out.index("## Every metric (metrics/*.json)") < out.index("metrics/sft.json")
+    assert cli.main(["report", "--results", "--metrics"]) == 2

@@ -109,3 +109,99 @@ def test_a_remote_that_cannot_work_is_named_before_any_transfer(tmp_path, monkey
                                 "(`make remote` makes it)")
     store.mkdir()
     assert missing_remote() is None
+
+
+def test_the_metrics_diff_leaves_out_timings_an_old_revision_still_holds(monkeypatch):
+    import json
+
+    from pipeline import orchestrate
+
+    diff = {"metrics/sft.json": {"train_seconds": {"old": 52.0, "new": 620.3, "diff": 568.3},
+                                 "final_loss": {"old": 0.5, "new": 0.4, "diff": -0.1}},
+            "metrics/evaluate/sft.json": {"decoding.greedy.seconds_per_question": {"old": 0.1, "new": 0.2},
+                                          "tokens_per_second": {"old": 5, "new": 6}},
+            "metrics/base.json": {"questions_per_second": {"old": 1, "new": 2}}}
+    monkeypatch.setattr(orchestrate, "dvc", lambda *args, capture=False: subprocess.CompletedProcess(
+        args, 0, json.dumps(diff), ""))
+    table = orchestrate.diff_markdown("HEAD")
+    assert table.splitlines()[2:] == ["| metrics/sft.json | final_loss | 0.5 | 0.4 | -0.1 |"]
+    diff.pop("metrics/sft.json")
+    assert orchestrate.diff_markdown("HEAD") == "No metric changed against HEAD."
+
+
+def test_server_reports_whether_one_runs_and_starts_one_only_when_asked(tmp_path, monkeypatch, capsys):
+    """`python -m pipeline server` reads as "show me the server": it says whether the shared server runs (exit 0,
+    its URL first) or not (exit 1), starting nothing and not touching its state file (asking is not a use, so the
+    idle clock runs on); `--start` starts one and says how it stops."""
+    import json
+    import sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from pipeline import __main__ as cli
+    from pipeline import flows
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(args)
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(flows, "_start_server", start)
+    state = tmp_path / flows.SHARED_SERVER_FILE
+    assert cli.main(["server"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("no shared Prefect server runs (nothing started") and "server --start" in out
+    assert not started and not state.exists()
+
+    class Health(BaseHTTPRequestHandler):  # a stand-in server that answers /health
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=health.serve_forever, daemon=True).start()
+    # a stand-in watchdog: its command line carries `--seconds 600` as pipeline.idle's does
+    watchdog = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--seconds", "600"])
+    try:
+        url = f"http://127.0.0.1:{health.server_address[1]}/api"
+        state.write_text(json.dumps({"url": url, "pid": watchdog.pid}))
+        os.utime(state, (1_000_000_000, 1_000_000_000))
+        assert cli.main(["server"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0] == url and f"runs (PID {watchdog.pid})" in out[1]
+        assert "it stops itself once unused for 600 s (PIPELINE_SERVER_IDLE_SECONDS)" in out[1]
+        assert "`python -m pipeline server --stop` stops it now" in out[1]
+        assert state.stat().st_mtime == 1_000_000_000 and not started  # read-only
+        assert cli.main(["server", "--start", "--stop"]) == 2
+        capsys.readouterr()
+        monkeypatch.setattr(flows, "shared_server", lambda: url)
+        assert cli.main(["server", "--start"]) == 0
+        assert "the shared Prefect server already runs" in capsys.readouterr().out
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        health.shutdown()
+        health.server_close()
+    state.unlink()
+
+    def fresh(timeout: float = 120.0) -> str:
+        state.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        return url
+
+    health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=health.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{health.server_address[1]}/api"
+    monkeypatch.setattr(flows, "shared_server", fresh)
+    try:
+        assert cli.main(["server", "--start"]) == 0
+    finally:
+        health.shutdown()
+        health.server_close()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == url and out[1].startswith(f"started the shared Prefect server (PID {os.getpid()}); it stops "
+                                               "itself once unused for its idle time")

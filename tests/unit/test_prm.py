@@ -502,3 +502,29 @@ def test_prm_train_batches_paths_of_one_length_when_asked(tmp_path, monkeypatch,
     # short, and where the longest path is swapped to the front. At random, 7 in 8 batches of 4 mix.
     mixed = sum(len(w) > 1 for w in widths)
     assert mixed <= 5 if grouped else mixed >= 10
+
+
+def test_the_scorer_and_scored_lines_refuse_what_they_cannot_read_and_take_a_generation(prm, tokenizer):
+    """What generate() gives (a list per prompt of Generations) passed whole used to come back as no lines, and
+    the scorer as [[]]: now a Generation is read by its text, and a list or a bare text is a TypeError saying what
+    is wanted."""
+    from pipeline.generation import Generation
+
+    one = Generation(text=RIGHT, tokens=30)
+    assert scored_lines(one) == scored_lines(RIGHT) and scored_lines(None) == []
+    for wrong, named in (([one], "list of Generation"), ([[one]], "list of list"), (42, "int")):
+        with pytest.raises(TypeError, match=rf"scored_lines takes one completion: .* not a {named}.*out\[i\]\[j\]"):
+            scored_lines(wrong)
+    scorer = PRMScorer(prm, tokenizer)
+    prompt = "Chart: bar.\nQuestion: What is it?\n"
+    assert len(scorer.score([prompt], [scored_lines(one)])[0]) == 4
+    for prompts, lines, message in (
+        (prompt, [scored_lines(RIGHT)], r"prompts is a str \(one prompt: \[prompt\]\)"),
+        ([prompt], [RIGHT], r"an item of lines is a str \(a completion's text\? pass scored_lines\(text\)\)"),
+        ([prompt], [[one]], r"an item of lines is a list of Generation, not a list of str"),
+        ([prompt], [one], r"an item of lines is a Generation, not a list of str"),
+    ):
+        with pytest.raises(TypeError, match=message):
+            scorer.score(prompts, lines)
+    with pytest.raises(ValueError, match="2 prompts but 1 lists of lines"):
+        scorer.score([prompt, prompt], [scored_lines(RIGHT)])

@@ -51,3 +51,60 @@ def test_readme_is_short_and_cites_only_files_in_the_repository():
             if "://" in target or target.startswith("mailto:"):
                 continue
             assert (doc.parent / target).resolve().exists(), f"{doc.relative_to(ROOT)}: broken link {target}"
+
+
+LOAD_ROW = "| load a trained model in my code |"
+
+
+def _row_statements(row: str) -> list[str]:
+    """The row's inline code that is Python a user runs as written: imports and assignments, in order."""
+    import ast
+
+    out = []
+    for span in re.findall(r"`([^`]+)`", row):
+        try:
+            tree = ast.parse(span)
+        except SyntaxError:
+            continue
+        if tree.body and all(isinstance(node, (ast.Import, ast.Assign)) for node in tree.body):
+            out.append(span)
+    return out
+
+
+def test_the_load_a_model_lines_run_as_written_and_show_what_they_return(tmp_path, monkeypatch):
+    """The README's "load a trained model in my code" row, its imports and assignments run in order on a tiny
+    model and PRM saved as the stages save them: generate gives a list per prompt of Generations, the PRM a list
+    per prompt of a score per scored line."""
+    import torch
+
+    from pipeline.config import BaseModelConfig
+    from pipeline.generation import Generation
+    from pipeline.models import build_student, save_model, train_tokenizer
+    from pipeline.prm import prm_from_policy
+
+    (row,) = [line for line in README.read_text().splitlines() if line.startswith(LOAD_ROW)]
+    statements = _row_statements(row)
+    assert any(s.startswith("out = ") for s in statements) and any(s.startswith("scores = ") for s in statements), (
+        f"README.md: the row {LOAD_ROW} names what generate and the PRM return (`out = ...`, `scores = ...`)")
+    prompt = ("Chart: bar. Title: Sales (k$).\nMon: 12 grey | Tue: 7 teal\n"
+              "Question: What is the value of the bar for Mon?\n")
+    texts = [prompt + f"Step 1: The value of Mon is {v}.\nAnswer: {v}" for v in range(40)]
+    tokenizer = train_tokenizer(texts, 300)
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=256), tokenizer)
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: the default task and prompt format
+    save_model(model, tokenizer, tmp_path / "models" / "sft")
+    prm = prm_from_policy(tmp_path / "models" / "sft")
+    prm.save_pretrained(tmp_path / "models" / "prm")
+    tokenizer.save_pretrained(tmp_path / "models" / "prm")
+    namespace: dict = {"prompt": prompt}
+    torch.manual_seed(0)
+    for statement in statements:
+        exec(statement, namespace)
+    out, scores = namespace["out"], namespace["scores"]
+    assert isinstance(out, list) and len(out) == 1 and len(out[0]) == 1 and isinstance(out[0][0], Generation)
+    assert isinstance(out[0][0].text, str) and out[0][0].tokens >= 1
+    lines = namespace["pipeline"].prm.scored_lines(out[0][0].text)
+    assert isinstance(scores, list) and len(scores) == 1 and len(scores[0]) == len(lines)
+    assert all(0.0 <= s <= 1.0 for s in scores[0])
