@@ -19,13 +19,15 @@ one without a template cannot take `format: chat` (`check_models`, at params val
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipeline.config import (LOCAL_RULE, BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section,
                              is_local, watched)
 
 _override: PromptConfig | None = None
+_shots: tuple[tuple[str, str], ...] = ()  # worked examples shown before every question (`with_shots`)
 
 
 def active() -> PromptConfig:
@@ -43,16 +45,37 @@ def is_chat() -> bool:
     return active().format == "chat"
 
 
+@contextlib.contextmanager
+def with_shots(pairs: Sequence[tuple[str, str]]) -> Iterator[None]:
+    """Inside this block every question is asked after these worked examples (question, answer): few-shot
+    prompting, as STaR samples its rationales (`distill.shots`). Raw: each example's text and a blank line before
+    the question; chat: each a user and an assistant turn before the question's."""
+    global _shots
+    saved, _shots = _shots, tuple(pairs)
+    try:
+        yield
+    finally:
+        _shots = saved
+
+
+def shots() -> tuple[tuple[str, str], ...]:
+    """The worked examples every question is asked after now (`with_shots`; none outside it)."""
+    return _shots
+
+
 def messages(prompt: str) -> list[dict]:
-    """The conversation that asks `prompt`: the system message when there is one, then the user's."""
+    """The conversation that asks `prompt`: the system message when there is one, the worked examples
+    (`with_shots`), then the user's question."""
     system = active().system
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    examples = [{"role": role, "content": text} for q, a in _shots for role, text in (("user", q), ("assistant", a))]
+    return ([{"role": "system", "content": system}] if system else []) + examples + [{"role": "user", "content": prompt}]
 
 
 def render(tokenizer, prompt: str) -> str:
-    """The text the model reads before its completion: `prompt` itself, or its conversation templated."""
+    """The text the model reads before its completion: `prompt` itself (after the worked examples of `with_shots`),
+    or its conversation templated."""
     if not is_chat():
-        return prompt
+        return "".join(f"{q}{a}\n\n" for q, a in _shots) + prompt
     return render_messages(tokenizer, messages(prompt))
 
 
@@ -135,7 +158,7 @@ def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, 
                           "(the server applies its model's template)")
     from transformers import AutoConfig
 
-    from pipeline.models import load_tokenizer
+    from pipeline.models import is_gguf, load_tokenizer
 
     loaded = [("base.model", base.model if base is not None else None),
               ("teacher.model", teacher.model if teacher is not None and teacher.backend == "transformers" else None)]
@@ -143,10 +166,16 @@ def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, 
         if not source:
             continue
         source = watched(source)  # `~` expanded, as the stages load it
-        if is_local(source):
+        gguf = is_gguf(source)
+        if gguf and not Path(source).is_file():
+            raise ConfigError(f"{path}: {key}: {source}: no such GGUF file ({LOCAL_RULE})")
+        if is_local(source) and not gguf:
             _check_local_model(key, Path(source), path)
         try:
-            AutoConfig.from_pretrained(source)
+            if gguf:  # its metadata only: the weights are de-quantized by the stage that loads them
+                AutoConfig.from_pretrained(str(Path(source).parent), gguf_file=Path(source).name)
+            else:
+                AutoConfig.from_pretrained(source)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: {key}: {source!r} is not a model folder or a Hub id found here "
                               f"(HF_HUB_OFFLINE=1 reads the local cache only): {exc}") from None

@@ -225,7 +225,7 @@ def model_dependency_for(model: str | None) -> str:
     """The DVC dependency for a model path or id: its local folder, so that retraining it in place re-runs the
     stage that loads it; else `NO_MODEL_DEPENDENCY` (a Hub id, nothing loaded, or a folder inside this repository's
     models/ or data/, a stage's own output)."""
-    if model is None or not is_local(model):
+    if model is None or not is_local(model, (".gguf",)):
         return NO_MODEL_DEPENDENCY
     try:
         inside = Path(model).expanduser().resolve().relative_to(Path.cwd().resolve()).parts
@@ -261,10 +261,12 @@ class BaseModelConfig(Section):
         "(' 19' one token; why: study `digit-pair-tokenizer`); spaced: one digit a piece (' 19' -> ' 1', '9'); "
         "split: the space a token of its own (' ', '1', '9')",
     )
-    architecture: Literal["qwen2", "llama"] = Field("qwen2", description="the built student's transformers "
-                                                    "architecture (both: RoPE, RMSNorm, SwiGLU, GQA)")
-    hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size")
-    intermediate_size: int = Field(384, ge=16, description="Qwen2 MLP size")
+    architecture: Literal["qwen2", "llama"] = Field(
+        "llama", description="the built student's transformers architecture (both: RoPE, RMSNorm, SwiGLU, GQA; a "
+        "qwen2 folder loads through AutoTokenizer as Qwen2Tokenizer, which re-splits the numbers: study "
+        "`autotokenizer-reload-trap`)")
+    hidden_size: int = Field(128, ge=16, description="hidden size")
+    intermediate_size: int = Field(384, ge=16, description="MLP size")
     num_hidden_layers: int = Field(2, ge=1, description="transformer layers")
     num_attention_heads: int = Field(4, ge=1, description="attention heads")
     num_key_value_heads: int = Field(2, ge=1, description="key/value heads (GQA)")
@@ -326,7 +328,7 @@ class SFTConfig(TrainConfig):
         "`quick-default-under-ten-minutes`)"
     )
     source: Literal["gold", "distilled", "mixed"] = Field(
-        "gold", description="training completions: gold rationales, verified teacher traces (data/distill), or both"
+        "mixed", description="training completions: gold rationales, verified teacher traces (data/distill), or both"
     )
     curriculum: bool = Field(
         False, description="after stage 1 (the whole source), a stage 2 on the hard set of data/distill"
@@ -376,14 +378,18 @@ class TeacherConfig(Section):
     cache_dir: str = Field(
         "cache/teacher", description="openai: per-prompt response cache (outside DVC outputs, so a rerun resumes)"
     )
-    hidden_size: int = Field(192, ge=16, description="embedded: Qwen2 hidden size")
-    intermediate_size: int = Field(576, ge=16, description="embedded: Qwen2 MLP size")
-    num_hidden_layers: int = Field(2, ge=1, description="embedded: transformer layers")
-    num_attention_heads: int = Field(4, ge=1, description="embedded: attention heads")
-    num_key_value_heads: int = Field(2, ge=1, description="embedded: key/value heads (GQA)")
+    init: Literal["base", "scratch"] = Field(
+        "base", description="embedded: the weights it trains from: models/base (the student before SFT, its "
+        "table drills included; the size keys below are then unused), or a new model of the size below")
+    hidden_size: int = Field(192, ge=16, description="embedded, init scratch: hidden size")
+    intermediate_size: int = Field(576, ge=16, description="embedded, init scratch: MLP size")
+    num_hidden_layers: int = Field(2, ge=1, description="embedded, init scratch: transformer layers")
+    num_attention_heads: int = Field(4, ge=1, description="embedded, init scratch: attention heads")
+    num_key_value_heads: int = Field(2, ge=1, description="embedded, init scratch: key/value heads (GQA)")
     train: TrainConfig = Field(
-        default_factory=lambda: TrainConfig(num_train_epochs=1.0, max_steps=120),
-        description="embedded: SFT on the gold rationales"
+        default_factory=lambda: TrainConfig(num_train_epochs=4.0),
+        description="embedded: SFT on the gold rationales (from models/base: longer than the student's, so that it "
+        "writes better chains than the student would: study `a-teacher-that-teaches`)"
     )
 
     @model_validator(mode="after")
@@ -407,6 +413,9 @@ class DistillConfig(Section):
         "with TRL's DistillationTrainer (teacher and student must share a tokenizer)",
     )
     max_questions: int | None = Field(200, ge=1, description="training questions sent to the teacher (null: all)")
+    shots: int = Field(0, ge=0, description="worked examples (the gold rationales of the first clean training "
+                       "questions, which are then not sampled) shown before every question: few-shot prompting, "
+                       "as STaR samples its rationales (0: none)")
     k: int = Field(4, ge=1, description="samples per question (the pass rate is correct / k)")
     temperature: float = Field(0.6, gt=0, description="sampling temperature")
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus sampling")
@@ -567,6 +576,9 @@ class GRPOStageConfig(Section):
     """`grpo`: RL on the mined set with TRL's GRPOTrainer (or TBRM), rewards from the `rewards` section."""
 
     seed: int = Field(0, ge=0, description="RNG seed for data order and sampling")
+    init: Literal["sft", "base"] = Field(
+        "sft", description="the policy RL starts from (and its KL reference): models/sft, or models/base as loaded "
+        "(DeepSeek-R1-Zero's recipe: RL straight from the pretrained or instruct model, no SFT)")
     algorithm: Literal["grpo", "tbrm"] = Field(
         "grpo", description="grpo: group-relative advantages over G rollouts; tbrm: trajectory Bellman residual, one rollout"
     )

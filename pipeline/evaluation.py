@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 from pipeline import task as tasks
-from pipeline.grading import parse_number, step_accuracy
+from pipeline.grading import lenient_correct, parse_number, step_accuracy
 
 
 def score(row: dict, completion: str, tokens: int) -> dict:
@@ -32,6 +32,8 @@ def score(row: dict, completion: str, tokens: int) -> dict:
         "answer": row["answer"],
         "prediction": predicted,
         "correct": predicted is not None and task.grade(predicted, row["answer"], row["answer_type"]),
+        # the answer however it is written (the last number, yes or no, the gold word in the last line)
+        "lenient": lenient_correct(completion, row["answer"], row["answer_type"]),
         "steps_matched": matched,
         "steps_total": total,
         "completion": completion,
@@ -56,6 +58,7 @@ def summarize(records: Sequence[dict]) -> dict:
     return {
         "n": len(records),
         "accuracy": accuracy_of(records),
+        "lenient_accuracy": round(sum(r.get("lenient", False) for r in records) / len(records), 4) if records else 0.0,
         # None without gold step values (a dataset task): nothing to match, not a score of zero
         "step_accuracy": round(sum(r["steps_matched"] for r in records) / steps_total, 4) if steps_total else None,
         "answer_line_rate": round(sum(r["prediction"] is not None for r in records) / max(len(records), 1), 4),

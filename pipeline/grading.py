@@ -71,11 +71,12 @@ def grade(prediction: object, answer: object, answer_type: str) -> bool:
 
 
 def extract_answer(completion: object) -> str | None:
-    """The text after the last line that starts with "Answer:", stripped; None if there is none."""
+    """The text after the last line that starts with "Answer:", stripped; None if there is none. Markdown emphasis
+    is read through, as instruct models write it ("**Answer:** 60", "Answer: **60**")."""
     if not isinstance(completion, str):
         return None
     for line in reversed(completion.splitlines()):
-        line = line.strip()
+        line = line.strip().replace("**", "")
         if line.startswith(ANSWER_PREFIX):
             return line[len(ANSWER_PREFIX) :].strip()
     return None
@@ -124,3 +125,29 @@ def step_accuracy(completion: object, gold_values: list[str]) -> tuple[int, int]
         grade(pred, gold, infer_answer_type(gold)) for pred, gold in zip(predicted, gold_values)
     )
     return matched, len(gold_values)
+
+
+# Every number written in a reply, as `parse_number` reads one ("1,234", "-3.5", "$12", "50%"), not inside a word.
+_NUMBERS = re.compile(r"(?<![\w.])[+-]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?(?![\w])")
+_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def lenient_correct(completion: object, answer: object, answer_type: str) -> bool:
+    """A reading that ignores the answer format: the last number of the reply (a number answer), its last yes or
+    no (binary), or the gold word in its last non-empty line (text). Never raises.
+
+    Beside the task's own grader it tells a model that learned the answer from one that learned the format: an
+    instruct model asked to end with `Answer: <answer>` may give the right number in a sentence of its own.
+    """
+    if not isinstance(completion, str) or not isinstance(answer, str):
+        return False
+    text = completion.replace("**", "")  # markdown emphasis around an answer
+    if answer_type == "number":
+        numbers = _NUMBERS.findall(text)
+        return bool(numbers) and grade(numbers[-1], answer, "number")
+    if answer_type == "binary":
+        words = _YES_NO.findall(text)
+        return bool(words) and grade(words[-1], answer, "binary")
+    lines = [line for line in text.splitlines() if line.strip()]
+    gold = _normalize(answer)
+    return bool(lines) and bool(gold) and re.search(rf"(?<!\w){re.escape(gold)}(?!\w)", lines[-1].lower()) is not None

@@ -295,12 +295,46 @@ def write_manifest(
 def untimed(value: Any) -> Any:
     """`value` without the keys that hold wall-clock measurements (seconds, throughputs), at any depth."""
     if isinstance(value, dict):
-        return {k: untimed(v) for k, v in value.items() if not _is_timing(k)}
+        return {k: untimed(v) for k, v in value.items() if not is_timing(k)}
     return value
 
 
-def _is_timing(key: str) -> bool:
-    return "seconds" in key or key.endswith(("tokens_per_second", "questions_per_second"))
+def timed(value: Any) -> Any:
+    """Only the wall-clock measurements of `value`, at any depth, in their places (None: it holds none)."""
+    if not isinstance(value, dict):
+        return None
+    out = {}
+    for key, item in value.items():
+        if is_timing(key):
+            out[key] = item
+        elif (inner := timed(item)) is not None:
+            out[key] = inner
+    return out or None
+
+
+# Key parts of a wall-clock measurement: ours (`train_seconds`, `questions_per_second`), transformers'
+# (`train_runtime`, `train_samples_per_second`) and TRL's (`step_time`).
+TIMING_PARTS = ("seconds", "per_second", "runtime", "step_time")
+
+
+def is_timing(key: str) -> bool:
+    return any(part in key for part in TIMING_PARTS)
+
+
+def write_metrics(path: Path | str, metrics: dict) -> dict | None:
+    """A stage's metrics: what does not depend on the machine's speed into `path` (a file DVC hashes into dvc.lock),
+    the wall-clock figures into its `paths.timings_file` (which nothing tracks), so that a re-run that computes the
+    same numbers leaves dvc.lock as it was. Returns the timings written (None: there were none)."""
+    from pipeline import paths
+
+    write_json(path, untimed(metrics))
+    timings = timed(metrics)
+    timings_file = paths.timings_file(Path(path))
+    if timings is None:
+        Path(timings_file).unlink(missing_ok=True)  # an earlier run's figures would be read as this run's
+    else:
+        write_json(timings_file, timings)
+    return timings
 
 
 # The reasoning-example columns (docs/design.md, "Data contracts"); `prompt` is the serialized chart and question.

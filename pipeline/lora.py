@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.config import LoraConfig
 from pipeline.io import InputError
-from pipeline.models import save_model, writes_weights
+from pipeline.models import save_model, save_tokenizer, writes_weights
 
 
 def is_adapter(model) -> bool:
@@ -76,7 +76,7 @@ def save(model, tokenizer, folder: Path, cfg: LoraConfig, base: Path):
     # the trained adapter alone: TRL's GRPO adds a frozen copy of it named "ref" (its KL reference), which PEFT
     # would save into a subfolder naming a base of its own
     model.save_pretrained(folder, safe_serialization=True, selected_adapters=[model.active_adapter])
-    tokenizer.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
     (Path(folder) / "README.md").unlink(missing_ok=True)  # PEFT's model card, naming the base as it was in memory
     config_file = Path(folder) / "adapter_config.json"
     config = json.loads(config_file.read_text())

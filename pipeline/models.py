@@ -145,6 +145,10 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     Without one (slow tokenizer files only) AutoTokenizer converts what there is.
     """
     path = watched(str(path))  # `~` expanded
+    if is_gguf(path):
+        from pipeline.pretrained import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(path)
     try:
         return PreTrainedTokenizerFast.from_pretrained(path)
     except ValueError:  # no tokenizer.json; OSError (nothing there, offline) propagates, not retried twice
@@ -167,6 +171,10 @@ def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
     """The causal LM in `path` (on the CPU). A LoRA adapter folder (`lora.save: adapter`) loads its base (the
     folder its adapter_config.json names, itself possibly an adapter) and folds the adapter into it."""
     path = watched(str(path))  # `~` expanded
+    if is_gguf(path):
+        from pipeline.pretrained import load_gguf
+
+        return load_gguf(path, dtype if dtype is not None else DTYPES[active_section("model").dtype])[0]
     adapter = Path(path) / "adapter_config.json"
     if not adapter.is_file():
         return AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs(dtype))
@@ -201,11 +209,20 @@ def adapter_base(folder: Path, named: str | None) -> Path | None:
     return next((parent / named for parent in folder.resolve().parents if (parent / named).is_dir()), None)
 
 
+def is_gguf(path: Path | str) -> bool:
+    """A GGUF file (llama.cpp's format) rather than a Hugging Face folder or id: transformers de-quantizes it."""
+    return str(path).lower().endswith(".gguf")
+
+
 def check_local_folder(path: str) -> None:
     """A path that names a local folder (config.is_local) must be one, with a tokenizer file: missing, transformers
     would look the path up on the Hub (minutes of retries offline); without tokenizer.json it would build an empty
     tokenizer from tokenizer_config.json alone, which encodes every prompt as nothing."""
-    if not is_local(path):
+    if not is_local(path, (".gguf",)):
+        return
+    if is_gguf(path):
+        if not Path(path).expanduser().is_file():
+            raise InputError(f"{path}: no such GGUF file ({LOCAL_RULE})")
         return
     folder = Path(path).expanduser()
     if not folder.is_dir():
@@ -262,6 +279,16 @@ def save_model(model, tokenizer, folder: Path) -> None:
     elif not writes_weights(model):
         return
     model.save_pretrained(folder, safe_serialization=True, state_dict=state)
+    save_tokenizer(tokenizer, folder, getattr(getattr(model, "config", None), "max_position_embeddings", None))
+
+
+def save_tokenizer(tokenizer, folder: Path, positions: int | None = None) -> None:
+    """The tokenizer as other tools load it (`AutoTokenizer`, servers, evaluation harnesses): padding on the left,
+    as decoder-only batches need, and the model's own length limit where the tokenizer states none (a trained
+    tokenizer says 1e30)."""
+    tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "left"
+    if positions and (tokenizer.model_max_length or 0) > 1e9:
+        tokenizer.model_max_length = tokenizer.init_kwargs["model_max_length"] = positions
     tokenizer.save_pretrained(folder)
 
 

@@ -200,8 +200,8 @@ class OpenAISampler:
             if self.api == "chat":
                 messages = chat.messages(prompt)  # the system message of params' prompt section, then the user's
                 response = self._client.chat.completions.create(messages=messages, **common)
-            else:
-                response = self._client.completions.create(prompt=prompt, **common)
+            else:  # the worked examples (`chat.with_shots`) before the question, as the local samplers render it
+                response = self._client.completions.create(prompt=chat.render(None, prompt), **common)
         except _FATAL as exc:
             if not isinstance(exc, openai.APITimeoutError):
                 abort.set()  # here, before this thread takes the next prompt; requests in flight still finish
@@ -232,6 +232,8 @@ class OpenAISampler:
         ident = {"prompt": prompt, "base_url": self.base_url, "model": self.model, "api": self.api, **params}
         if self.api == "chat" and (system := chat.active().system):
             ident["system"] = system  # another system message asks another question
+        if chat.shots():
+            ident["shots"] = chat.shots()  # and so do other worked examples before it
         return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def _open_cache(self) -> sqlite3.Connection:

@@ -29,12 +29,13 @@ def evaluated_models(root: Path = paths.METRICS) -> list[str]:
 
 
 def load_evaluations(root: Path = paths.METRICS, models: list[str] | None = None) -> dict[str, dict]:
-    """model -> its evaluate metrics, for the models whose file exists."""
+    """model -> its evaluate metrics, for the models whose file exists and that were measured (evaluate@base of a
+    student built here says why it was skipped)."""
     out = {}
     for name in models if models is not None else evaluated_models(root=root):
         file = root / "evaluate" / f"{name}.json"
-        if file.exists():
-            out[name] = json.loads(file.read_text())
+        if file.exists() and "skipped" not in (metrics := json.loads(file.read_text())):
+            out[name] = metrics
     return out
 
 
@@ -45,12 +46,13 @@ def cell(value) -> str:
 
 def decoding_markdown(evaluations: dict[str, dict]) -> str:
     ood = any("accuracy_ood" in d for m in evaluations.values() for d in m.get("decoding", {}).values())
+    # the cost in tokens, which no machine's speed changes (seconds per question: timings/evaluate/<model>.json)
     lines = ["| model | strategy | test | " + ("ood | " if ood else "") + "test minus greedy (paired SE) | "
-             "tokens/question | PRM tokens/question | seconds/question |", "|---|---|---|" + "---|" * (4 + ood)]
+             "tokens/question | PRM tokens/question |", "|---|---|---|" + "---|" * (3 + ood)]
     for model, m in evaluations.items():
         for strategy, d in m.get("decoding", {}).items():
             values = [d["accuracy"], *([d.get("accuracy_ood")] if ood else []), _versus(d), d["tokens_per_question"],
-                      d["prm_tokens_per_question"], d["seconds_per_question"]]
+                      d["prm_tokens_per_question"]]
             lines.append(f"| {model} | {strategy} | " + " | ".join(map(cell, values)) + " |")
     lines += ["", "Best-of-N against its ceilings on the same N samples (test): a perfect outcome verifier (pass@N), "
               "a perfect step verifier (picks a sample whose steps all match the gold chain; – without gold steps), "
@@ -156,7 +158,7 @@ def _signed(v: dict | None) -> str:
 
 def result_rows(root: Path) -> list[tuple[str, str]]:
     """(row label, value) of one run's headline results, from its metrics folder."""
-    evals = load_evaluations(root, ["teacher", *STUDENTS])
+    evals = load_evaluations(root, ["base", "teacher", *STUDENTS])
     prm_file = root / "prm.json"
     prm = json.loads(prm_file.read_text()) if prm_file.exists() else {}
     sft = evals.get("sft", {})
@@ -165,8 +167,13 @@ def result_rows(root: Path) -> list[tuple[str, str]]:
     sampled = sft.get("sampled", {})
     n = sampled.get("samples")
     versus = best.get("vs_random", {})
-    rows = [("majority answer per answer type (trivial baseline)", _num(sft.get("baseline_majority")))]
+    base = evals.get("base", {})
+    rows = [("majority answer per answer type (trivial baseline)", _num(sft.get("baseline_majority"))),
+            ("base as loaded, zero-shot, greedy", _num(base.get("accuracy"))),
+            ("base as loaded, zero-shot, lenient reading", _num(base.get("lenient_accuracy")))]
     rows += [(f"{name}, greedy", _num(evals.get(name, {}).get("accuracy"))) for name in ("teacher", *STUDENTS)]
+    rows += [("sft, greedy, lenient reading", _num(sft.get("lenient_accuracy"))),
+             ("sft, ood (longer chains), greedy", _num(sft.get("accuracy_ood")))]
     rows += [
         (f"sft, random pick of N sampled (T {sampled.get('temperature', '–')})", _num(versus.get("random_pick"))),
         ("sft, majority vote of N", _num(decoding.get("maj_at_n", {}).get("accuracy"))),
@@ -175,7 +182,6 @@ def result_rows(root: Path) -> list[tuple[str, str]]:
         ("sft, best-of-N minus random pick (paired SE)", _signed(versus)),
         ("sft, best-of-N minus greedy (paired SE)", _signed(best.get("vs_greedy"))),
         ("sft, PRM beam search", _num(decoding.get("prm_beam", {}).get("accuracy"))),
-        ("sft, ood (longer chains), greedy", _num(sft.get("accuracy_ood"))),
         ("PRM held-out AUROC over lines", _num(prm.get("auroc"))),
         ("PRM within-question pairs ranked right (mean line score)",
          _num(prm.get("held_out", {}).get("within_question", {}).get("pair_accuracy_mean"))),

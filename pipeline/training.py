@@ -16,6 +16,7 @@ from trl import SFTTrainer
 from pipeline import chat, checkpoints, sharding
 from pipeline.config import TrainConfig
 from pipeline.flows import phase, stage_logger
+from pipeline.io import untimed
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:
@@ -27,12 +28,28 @@ def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "ratio
     )
 
 
+# TrainingArguments that name where this run happens to write (a stage's temporary folder carries its PID), not how
+# it trains: left out of the arguments dvclive records beside the curves.
+PLACE_ARGS = ("output_dir", "logging_dir", "run_name")
+
+
 def dvclive_callback(live_dir: Path):
-    """transformers' DVCLiveCallback writing curves into `live_dir` (no dvc.yaml edits, no DVC experiment)."""
+    """transformers' DVCLiveCallback writing curves into `live_dir` (no dvc.yaml edits, no DVC experiment), without
+    the wall-clock figures (`train_runtime`, `*_per_second`, TRL's `step_time`) or the run's folders: the curves are
+    a DVC output, and a re-run that trains the same steps writes the same bytes."""
     from dvclive import Live
     from transformers.integrations import DVCLiveCallback
 
-    return DVCLiveCallback(live=Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False))
+    class UntimedDVCLiveCallback(DVCLiveCallback):
+        def setup(self, args, state, model):
+            self._initialized = True
+            if state.is_world_process_zero:
+                self.live.log_params({k: v for k, v in args.to_dict().items() if k not in PLACE_ARGS})
+
+        def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+            super().on_log(args, state, control, model=model, logs=untimed(logs or {}), **kwargs)
+
+    return UntimedDVCLiveCallback(live=Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False))
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

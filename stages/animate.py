@@ -34,7 +34,9 @@ from PIL import Image
 from pipeline import paths
 from pipeline.config import AnimateConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.io import (
+    EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_manifest, write_rows, write_metrics,
+)
 from pipeline.plots import bar_chart, fill_skipped
 from pipeline.video.backends import check_backend, make_backend
 from pipeline.video.clips import contact_sheet, write_gif, write_mp4
@@ -169,7 +171,7 @@ def _flow(cfg: AnimateConfig) -> None:
                    "skipped images": metrics["skipped_images"], "skipped tables": metrics["skipped_tables"]},
                   live / "filters.png",
                   title=f"animate: {metrics['rows']} tables", xlabel="samples", xmax=None, fmt="{:.0f}")
-    write_json(paths.metrics_file("animate"), metrics)
+    write_metrics(paths.metrics_file("animate"), metrics)
     log.info("animate: %d samples kept of %d tables (rejected %s, %d unreadable images, %d malformed tables), "
              "%d questions, %.1f s, %.0f frames/s", metrics["samples"], metrics["rows"], metrics["rejected_by"],
              metrics["skipped_images"], metrics["skipped_tables"], metrics["questions"], metrics["seconds"],
@@ -187,7 +189,7 @@ def _skipped(cfg: AnimateConfig, task_cfg: TaskConfig) -> None:
     with atomic_dir(paths.live_dir("animate")) as live:
         (live / "README.txt").write_text(reason + "\n")
         fill_skipped(live, "animate", reason)
-    write_json(paths.metrics_file("animate"), {"skipped": reason, "samples": 0, "questions": 0})
+    write_metrics(paths.metrics_file("animate"), {"skipped": reason, "samples": 0, "questions": 0})
 
 
 def main() -> None:

@@ -16,12 +16,12 @@ Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 
 from __future__ import annotations
 
-from pipeline import paths
+from pipeline import cards, paths
 from pipeline.chat import check_models
 from pipeline.config import BaseModelConfig, PromptConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import atomic_dir, read_rows, write_json, write_metrics
 from pipeline.models import base_model, build_student, count_parameters, default_device, save_model
 from pipeline.plots import fill_skipped
 from pipeline.training import snapshot, weights_changed
@@ -76,8 +76,8 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -
             fill_skipped(live_dir, "base", "no drills: the model is loaded, not built")
         stage_logger().info("base model: %s", metrics)
         save_model(model, tokenizer, tmp)
-        write_manifest(tmp, "base", cfg, inputs=[train_file], name=paths.MODEL_MANIFEST, metrics=metrics)
-    write_json(paths.metrics_file("base"), metrics)
+        cards.write_model_manifest(tmp, "base", cfg, inputs=[train_file], metrics=metrics)
+    write_metrics(paths.metrics_file("base"), metrics)
 
 
 def main() -> None:

@@ -18,14 +18,14 @@ from collections import Counter
 
 from tqdm.auto import tqdm
 
-from pipeline import paths
+from pipeline import chat, paths
 from pipeline.config import DistillConfig, load_section
 from pipeline.distill import (
     DISTILLED_SCHEMA, PAIR_SCHEMA, PASS_RATE_SCHEMA, contaminated, eval_ngrams, histogram, in_window, outputs,
     select,
 )
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows, write_metrics
 from pipeline.plots import bar_chart
 from pipeline.teacher import load_sampler
 
@@ -42,12 +42,15 @@ def run(cfg: DistillConfig, sampler, train_rows: list[dict], eval_rows: list[dic
             "distill: %d of %d training questions share a %d-word n-gram with val, test or ood and are left out "
             "(decontamination); on templated questions raise distill.ngram", len(train_rows) - len(clean),
             len(train_rows), cfg.ngram)
+    contaminated_count = len(train_rows) - len(clean)
+    examples, clean = clean[: cfg.shots], clean[cfg.shots :]
     questions = clean[: cfg.max_questions]
     start = time.perf_counter()
-    samples = sampler.sample(
-        [r["prompt"] for r in questions], n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-    )
+    with chat.with_shots([(r["prompt"], r["rationale"]) for r in examples]):
+        samples = sampler.sample(
+            [r["prompt"] for r in questions], n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+        )
     seconds = time.perf_counter() - start
     results = [
         select(row, gens, max_traces=cfg.max_traces, min_step_accuracy=cfg.min_step_accuracy,
@@ -62,7 +65,8 @@ def run(cfg: DistillConfig, sampler, train_rows: list[dict], eval_rows: list[dic
     metrics = {
         "questions_available": len(train_rows),
         "questions_sampled": len(questions),
-        "questions_removed": {"contaminated_question": len(train_rows) - len(clean)},
+        "shots": len(examples),
+        "questions_removed": {"contaminated_question": contaminated_count},
         "samples": n_samples,
         "acceptance_rate": round(sum(r.correct for r in results) / max(n_samples, 1), 4),
         "mean_pass_rate": round(sum(r.pass_rate for r in results) / max(len(results), 1), 4),
@@ -110,7 +114,7 @@ def _flow(cfg: DistillConfig) -> None:
         write_json(out / "pass_rate.json", [{"pass_rate": k, "questions": v} for k, v in hist.items()])
         bar_chart(hist, out / "pass_rate.png", title=f"Teacher pass rate over k={cfg.k} samples",
                   xlabel="questions", xmax=None, fmt="{:.0f}")
-    write_json(paths.metrics_file("distill"), metrics)
+    write_metrics(paths.metrics_file("distill"), metrics)
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 
-from pipeline import launch, lora, paths
+from pipeline import cards, launch, lora, paths
 from pipeline.config import DPOStageConfig, LoraConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import atomic_dir, read_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, load_model
 from pipeline.plots import fill_skipped
 from pipeline.training import dpo_train
@@ -47,9 +47,9 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
         stage_logger().info("dpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir("sft"))
-        write_manifest(out, "dpo", cfg, inputs=[paths.model_dir("sft"), *files], name=paths.MODEL_MANIFEST,
-                       metrics=metrics, **lora.manifest(lora_cfg, "dpo"))
-    write_json(paths.metrics_file("dpo"), metrics)
+        cards.write_model_manifest(out, "dpo", cfg, inputs=[paths.model_dir("sft"), *files],
+                                   metrics=metrics, **lora.manifest(lora_cfg, "dpo"))
+    write_metrics(paths.metrics_file("dpo"), metrics)
 
 
 def main() -> None:

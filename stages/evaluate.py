@@ -10,13 +10,17 @@ directions). Writes
 metrics/evaluate/<model>.json (accuracy, accuracy_ood, step accuracy, breakdowns,
 pass@k, maj@k, decoding.<strategy>, faithfulness, cost, the majority baseline),
 the graded greedy generations in data/evaluate/<model>/ and plots (accuracy by
-task type, by decoding strategy) in plots/evaluate/<model>/.
+task type, by decoding strategy) in plots/evaluate/<model>/. Every answer is also read leniently (the last
+number, yes or no, or the gold word of the last line: `lenient_accuracy`), so that a gain is not only the
+answer format learned. `--model base` scores a loaded base model as it is, zero-shot; for a student built here
+(and a teacher that is models/base itself) it writes outputs that say why nothing was measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from pipeline import paths
 from pipeline.config import EvaluateConfig, load_section
@@ -24,9 +28,10 @@ from pipeline.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsi
 from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.generation import Sampler
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows
+from pipeline.io import (EXAMPLE_COLUMNS, atomic_dir, read_json, read_rows, write_json, write_manifest, write_metrics,
+                         write_rows)
 from pipeline import task as tasks
-from pipeline.plots import bar_chart
+from pipeline.plots import bar_chart, fill_skipped
 
 
 @phase("evaluate")
@@ -97,7 +102,8 @@ def faithfulness(cfg: EvaluateConfig, sampler: Sampler, rows_by_split: dict[str,
 def headline(by_split: dict[str, dict], baseline: float) -> dict:
     """Top-level metrics: test numbers flat (what `dvc metrics diff` compares), ood beside them."""
     test = by_split.get("test", next(iter(by_split.values())))
-    out = {k: test[k] for k in ("accuracy", "step_accuracy", "by_answer_type", "by_task_type", "by_chain_length")}
+    out = {k: test[k] for k in ("accuracy", "lenient_accuracy", "step_accuracy", "by_answer_type", "by_task_type",
+                                "by_chain_length")}
     out["questions"] = test["n"]
     if "sampled" in test:
         k = test["sampled"]["k"]
@@ -109,6 +115,7 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
     if "ood" in by_split:
         ood = by_split["ood"]
         out["accuracy_ood"] = ood["accuracy"]
+        out["lenient_accuracy_ood"] = ood["lenient_accuracy"]
         out["step_accuracy_ood"] = ood["step_accuracy"]
         if "sampled" in ood:  # evaluate.sampled_splits names ood
             k = ood["sampled"]["k"]
@@ -153,9 +160,42 @@ def build_decoder(cfg: EvaluateConfig, sampler: Sampler, model_dir) -> Decoder:
     return Decoder(dcfg, scorer, policy)
 
 
+def skip_reason(model_name: str) -> str | None:
+    """Why `evaluate@<model>` measures nothing here (None: it evaluates). `base` is evaluated as loaded, zero-shot,
+    when it is a model brought in (`base.model`): a student built here before SFT has not learned the task's
+    answers yet. The teacher is skipped when it is a reference to models/base itself (self-distillation), which
+    evaluate@base scores."""
+    from pipeline.teacher import backend_of
+
+    if model_name == "base":
+        manifest = read_json(paths.model_dir("base") / paths.MODEL_MANIFEST)
+        if not (manifest.get("params") or {}).get("model"):
+            return "models/base is the student built here, before SFT (evaluate@base scores a loaded model zero-shot)"
+    if model_name == "teacher" and Path(backend_of(paths.model_dir("teacher")).get("model") or "") == \
+            paths.model_dir("base"):
+        return "the teacher is models/base itself (self-distillation): evaluate@base scores it"
+    return None
+
+
+def write_skipped(model_name: str, reason: str) -> None:
+    """Outputs that say why nothing was measured: no predictions, empty plots, the reason as the metrics."""
+    stage_logger().info("%s: not evaluated: %s", model_name, reason)
+    with atomic_dir(paths.eval_predictions_dir(model_name)) as out:
+        write_rows(out / "predictions.parquet", [])
+        write_manifest(out, "evaluate", {"skipped": reason}, model=model_name)
+    with atomic_dir(paths.eval_plots_dir(model_name)) as out:
+        write_json(out / "by_task_type.json", [])
+        write_json(out / "decoding.json", [])
+        fill_skipped(out, f"evaluate/{model_name}", reason)
+    write_metrics(paths.eval_metrics_file(model_name), {"skipped": reason})
+
+
 def _flow(cfg: EvaluateConfig, model_name: str) -> None:
     from pipeline.teacher import load_sampler
 
+    if (reason := skip_reason(model_name)) is not None:
+        write_skipped(model_name, reason)
+        return
     split_files = {split: paths.split_file(split) for split in cfg.splits}
     rows_by_split = {s: read_rows(f, required=EXAMPLE_COLUMNS) for s, f in split_files.items()}
     log = stage_logger()
@@ -188,7 +228,7 @@ def _flow(cfg: EvaluateConfig, model_name: str) -> None:
         write_json(out / "decoding.json", [{"strategy": k, "accuracy": v} for k, v in decoding.items()])
         if decoding:
             bar_chart(decoding, out / "decoding.png", title=f"{model_name}: test accuracy by decoding strategy")
-    write_json(paths.eval_metrics_file(model_name), metrics)
+    write_metrics(paths.eval_metrics_file(model_name), metrics)
 
 
 def main(argv: list[str] | None = None) -> None:

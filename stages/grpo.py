@@ -1,10 +1,11 @@
 """python -m stages.grpo
 
-RL from the SFT model on the mined set (data/mine/rl.parquet) with TRL's
-GRPOTrainer, the rewards of the `rewards` params section (pipeline/rewards.py)
-and, with `grpo.guided_replay`, the gold rationale replayed into groups that
-failed entirely (pipeline/rl.py). `grpo.algorithm: tbrm` trains the trajectory
-Bellman residual instead, one rollout per prompt at the same rollouts per step.
+RL from the SFT model (`grpo.init: base`: from models/base as loaded, R1-Zero's
+recipe) on the mined set (data/mine/rl.parquet) with TRL's GRPOTrainer, the
+rewards of the `rewards` params section (pipeline/rewards.py) and, with
+`grpo.guided_replay`, the gold rationale replayed into groups that failed
+entirely (pipeline/rl.py). `grpo.algorithm: tbrm` trains the trajectory Bellman
+residual instead, one rollout per prompt at the same rollouts per step.
 
 Reward, per-reward and KL curves go through dvclive into plots/grpo/; the
 summary, with p0 (the SFT policy's sampled success rate on the RL pool, from
@@ -19,14 +20,14 @@ import contextlib
 import os
 import shutil
 
-from pipeline import launch, lora, paths, vllm_server
+from pipeline import cards, launch, lora, paths, vllm_server
 from pipeline.config import (GRPOStageConfig, LoraConfig, ModelLoadConfig, RewardsConfig, TaskConfig, check_task_fit,
                              load_section)
 from pipeline.engines import require_vllm
 from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
-from pipeline.io import InputError, atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import InputError, atomic_dir, read_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, load_model
 from pipeline.rl import RL_COLUMNS, rl_train, success_amplification
 
@@ -55,7 +56,7 @@ def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) ->
         raise InputError(f"{RL_SET}: no prompts to train on (mine.repeat_* exclude every bucket?)")
     pool = read_rows(POOL, required=("prompt", "answer", "answer_type", "pass_rate"))
     p0 = sum(r["pass_rate"] for r in pool) / max(len(pool), 1)
-    model, tokenizer = load_model(paths.model_dir("sft"), dtype=MASTER_DTYPE)
+    model, tokenizer = load_model(paths.model_dir(cfg.init), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "grpo", cfg.seed)
     with atomic_dir(paths.model_dir("grpo")) as out, atomic_dir(paths.live_dir("grpo")) as live:
         metrics = rl_train(cfg, rewards, model, tokenizer, rows, out / ".trainer", live)
@@ -70,10 +71,11 @@ def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) ->
                                    metrics["steps"], cfg.warmup_steps)
         stage_logger().info("grpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
-        lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir("sft"))
-        write_manifest(out, "grpo", cfg, inputs=[paths.model_dir("sft"), RL_SET], name=paths.MODEL_MANIFEST,
-                       metrics=metrics, rewards=rewards.model_dump(mode="json"), **lora.manifest(lora_cfg, "grpo"))
-    write_json(paths.metrics_file("grpo"), metrics)
+        lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir(cfg.init))
+        cards.write_model_manifest(out, "grpo", cfg, inputs=[paths.model_dir(cfg.init), RL_SET],
+                                   metrics=metrics, rewards=rewards.model_dump(mode="json"),
+                                   **lora.manifest(lora_cfg, "grpo"))
+    write_metrics(paths.metrics_file("grpo"), metrics)
 
 
 def main() -> None:
@@ -85,14 +87,14 @@ def main() -> None:
         server = contextlib.nullcontext()
         if cfg.use_vllm:
             require_vllm("grpo.use_vllm")  # before the model loads: installed, and a GPU to run it on
-            if cfg.vllm_mode == "colocate" and (paths.model_dir("sft") / "adapter_config.json").is_file():
+            if cfg.vllm_mode == "colocate" and (paths.model_dir(cfg.init) / "adapter_config.json").is_file():
                 # TRL's colocated engine loads the policy's folder whole (LLM(model=...)): an adapter has no weights
                 raise InputError(f"{paths.model_dir('sft')}: a LoRA adapter folder; vLLM loads whole models: save "
                                  "it merged (lora.save: merged), or use grpo.vllm_mode: server with "
                                  "grpo.vllm_server_base_url of a server that serves a merged copy")
         if vllm_server.starts_server(cfg) and not launch.in_rank():  # a rank uses the stage process's server
             plan = launch.plan_for(os.environ.get("DVC_STAGE", "grpo"))
-            server = vllm_server.for_stage(cfg, load_section("model", ModelLoadConfig), paths.model_dir("sft"),
+            server = vllm_server.for_stage(cfg, load_section("model", ModelLoadConfig), paths.model_dir(cfg.init),
                                            plan.num_processes if plan else 1)
     with expected_errors(), server:  # its lines go to the stage's output, before and beside the flow's
         run_stage("grpo", _flow, cfg, rewards, lora_cfg)

@@ -28,7 +28,9 @@ from pipeline.config import MineConfig, load_section
 from pipeline.distill import PAIR_SCHEMA, histogram, select
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.engines import local_sampler
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
+from pipeline.io import (
+    EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows, write_metrics,
+)
 from pipeline.mining import RL_SCHEMA, policy_pairs, rl_set
 from pipeline.plots import bar_chart
 
@@ -99,7 +101,7 @@ def _flow(cfg: MineConfig) -> None:
         write_json(out / "pass_rate.json", [{"pass_rate": k, "prompts": v} for k, v in hist.items()])
         bar_chart(hist, out / "pass_rate.png", title=f"SFT policy pass rate over G={cfg.rollouts} rollouts",
                   xlabel="prompts", xmax=None, fmt="{:.0f}")
-    write_json(paths.metrics_file("mine"), metrics)
+    write_metrics(paths.metrics_file("mine"), metrics)
 
 
 def main() -> None:

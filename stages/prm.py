@@ -23,10 +23,10 @@ import shutil
 
 import torch
 
-from pipeline import paths
+from pipeline import cards, paths
 from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, check_task_fit, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import atomic_dir, read_rows, write_json, write_metrics
 from pipeline.models import load_tokenizer, save_model
 from pipeline.plots import reliability_chart
 from pipeline.prm import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
@@ -62,11 +62,11 @@ def _flow(cfg: PRMConfig, policy: str, kind: str = "cof") -> None:
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)
         inputs = [policy_dir, train_file, val_file] + ([chains_file] if chains or contrast else [])
-        write_manifest(out, "prm", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics, policy=policy)
+        cards.write_model_manifest(out, "prm", cfg, inputs=inputs, metrics=metrics, policy=policy)
         write_json(live / "calibration.json", table)
         reliability_chart(table, live / "calibration.png",
                           title=f"PRM calibration, held-out step labels\n(AUROC {metrics['auroc']})")
-    write_json(paths.metrics_file("prm"), metrics)
+    write_metrics(paths.metrics_file("prm"), metrics)
 
 
 def main() -> None:

@@ -46,7 +46,10 @@ from pipeline import task as tasks
 from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
 from pipeline.engines import local_sampler
-from pipeline.io import EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows
+from pipeline.io import (
+    EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows,
+    write_metrics,
+)
 from pipeline.models import load_model
 from pipeline.plots import bar_chart
 from pipeline.prm import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
@@ -211,7 +214,7 @@ def _flow(cfg: PRMDataConfig, synth: SynthesizeConfig) -> None:
         write_json(out / "label_balance.json", [{"source": k, "share": v} for k, v in shares.items()])
         bar_chart(shares, out / "label_balance.png", title="Step labels at or above 0.5, per source",
                   xlabel="share of lines")
-    write_json(paths.metrics_file("prm_data"), metrics)
+    write_metrics(paths.metrics_file("prm_data"), metrics)
 
 
 def main() -> None:

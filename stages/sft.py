@@ -29,12 +29,12 @@ import random
 import shutil
 from pathlib import Path
 
-from pipeline import lora, paths
+from pipeline import cards, lora, paths
 from pipeline.config import (DistillConfig, LoraConfig, ModelLoadConfig, RankDrillConfig, SFTConfig, SynthesizeConfig,
                              TaskConfig, check_packing, load_section)
 from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest
+from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, default_device, load_model
 from pipeline.task_data import gold_rows
 from pipeline.training import logit_distill, sft_train
@@ -161,9 +161,9 @@ def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_
         inputs = [paths.model_dir("base"), *files, val_file] + ([HARD] if cfg.curriculum else [])
         if cfg.rank_drill.replay and paths.split_file("train") not in inputs:
             inputs.append(paths.split_file("train"))
-        write_manifest(out, "sft", cfg, inputs=inputs, name=paths.MODEL_MANIFEST, metrics=metrics,
-                       distill_method=distill.method, **lora.manifest(lora_cfg, "sft"))
-    write_json(paths.metrics_file("sft"), metrics)
+        cards.write_model_manifest(out, "sft", cfg, inputs=inputs, metrics=metrics,
+                                   distill_method=distill.method, **lora.manifest(lora_cfg, "sft"))
+    write_metrics(paths.metrics_file("sft"), metrics)
 
 
 def main() -> None:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline import chat, paths
+from pipeline import cards, chat, paths
 from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, read_json, read_rows, write_json, write_manifest
+from pipeline.io import InputError, atomic_dir, read_json, read_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, load_model, save_model
 from pipeline.task_data import gold_rows
 from pipeline.training import sft_train
@@ -65,9 +65,9 @@ def _flow(cfg: SFTExtendedConfig, sft: SFTConfig) -> None:
         stage_logger().info("sft_extended: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)
-        write_manifest(out, "sft_extended", cfg, inputs=[paths.model_dir("sft"), train_file, val_file],
-                       name=paths.MODEL_MANIFEST, metrics=metrics, sft=sft.model_dump(mode="json"))
-    write_json(paths.metrics_file("sft_extended"), metrics)
+        cards.write_model_manifest(out, "sft_extended", cfg, inputs=[paths.model_dir("sft"), train_file, val_file],
+                                   metrics=metrics, sft=sft.model_dump(mode="json"))
+    write_metrics(paths.metrics_file("sft_extended"), metrics)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from pipeline import paths
 from pipeline.cof.generate import block_count, generate_dataset
 from pipeline.config import SynthesizeConfig, TaskConfig, load_section
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_json, write_manifest, write_rows
+from pipeline.io import EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_manifest, write_rows, write_metrics
 from pipeline.task import Task
 from pipeline.task_data import SPLITS, read_task_dataset
 
@@ -58,7 +58,7 @@ def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
             write_rows(tmp / paths.split_file(split).name, rows, schema=EXAMPLE_SCHEMA)
         # Without `workers`: the folder is the same bytes whatever the number of workers.
         write_manifest(tmp, "synthesize", cfg.model_dump(mode="json", exclude={"workers"}))
-    write_json(
+    write_metrics(
         paths.metrics_file("synthesize"),
         {**stats, "questions": total, "questions_per_second": round(total / gen_seconds, 1)},
     )
@@ -103,7 +103,7 @@ def from_dataset(task_cfg: TaskConfig) -> None:
         (tmp / "quarantine.jsonl").write_text("".join(json.dumps(q, sort_keys=True) + "\n" for q in quarantine))
         write_manifest(tmp, "synthesize", task_cfg, inputs=[source] if source.exists() else [])
     total = sum(counts.values())
-    write_json(paths.metrics_file("synthesize"), {
+    write_metrics(paths.metrics_file("synthesize"), {
         "questions": total, "by_split": counts, "quarantined": len(quarantine),
         "with_rationale": sum(bool(r["steps"]) for rows in rows_by_split.values() for r in rows),
         "dataset_hash": hash_path(source) if source.exists() else None,

@@ -2,9 +2,12 @@
 
 The teacher that writes reasoning traces for distillation (`teacher.backend`):
 
-- embedded (default, offline): a Qwen2 larger than the student, sharing the
-  student's tokenizer (so logit distillation is possible), trained on the gold
-  rationales with the same SFT code path as the student;
+- embedded (default, offline): trained here on the gold rationales with the same
+  SFT code path as the student, from models/base (`teacher.init: base`: the
+  drilled student, so it reads the table from its first step; it teaches by
+  training longer than the student) or from a new model of the teacher's own
+  size (`init: scratch`); either shares the student's tokenizer, so logit
+  distillation is possible;
 - transformers: a reference to a causal LM path or Hub id;
 - openai: a reference to an OpenAI-compatible endpoint (the API key stays in
   the environment variable named by `api_key_env`).
@@ -15,13 +18,14 @@ Writes models/teacher/ and metrics/teacher.json (training curves: plots/teacher/
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
-from pipeline import paths
-from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, load_section
+from pipeline import cards, paths
+from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, is_local, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_json, write_manifest
+from pipeline.io import atomic_dir, read_rows, write_metrics
 from pipeline.plots import fill_skipped
-from pipeline.models import build_teacher, count_parameters, load_tokenizer, save_model
+from pipeline.models import MASTER_DTYPE, build_teacher, count_parameters, load_model, load_tokenizer, save_model
 from pipeline.training import sft_train
 
 REFERENCE_FIELDS = {
@@ -34,32 +38,36 @@ def _train_embedded(cfg: TeacherConfig) -> None:
     train_file, val_file = paths.split_file("train"), paths.split_file("val")
     train_rows = read_rows(train_file, required=("prompt", "rationale"))
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
-    tokenizer = load_tokenizer(paths.model_dir("base"))
-    model = build_teacher(cfg, tokenizer)
+    if cfg.init == "base":  # the drilled student's weights: it reads the table from its first step
+        model, tokenizer = load_model(paths.model_dir("base"), dtype=MASTER_DTYPE)
+    else:
+        tokenizer = load_tokenizer(paths.model_dir("base"))
+        model = build_teacher(cfg, tokenizer)
     with atomic_dir(paths.model_dir("teacher")) as out, atomic_dir(paths.live_dir("teacher")) as live:
         metrics = sft_train(cfg.train, model, tokenizer, train_rows, val_rows, out / ".trainer", live)
         metrics = {"backend": "embedded", "parameters": count_parameters(model), **metrics}
         stage_logger().info("teacher: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         save_model(model, tokenizer, out)
-        write_manifest(
-            out, "teacher", cfg, inputs=[paths.model_dir("base"), train_file, val_file], name=paths.MODEL_MANIFEST,
-            metrics=metrics,
-        )
-    write_json(paths.metrics_file("teacher"), metrics)
+        cards.write_model_manifest(out, "teacher", cfg, inputs=[paths.model_dir("base"), train_file, val_file],
+                                   metrics=metrics)
+    write_metrics(paths.metrics_file("teacher"), metrics)
 
 
 def _reference(cfg: TeacherConfig) -> None:
     record = {"backend": cfg.backend, **{k: getattr(cfg, k) for k in REFERENCE_FIELDS[cfg.backend]}}
+    # A local folder's hash goes into the record: retrained in place (models/base, for self-distillation), the
+    # reference changes too, and so does every stage after it
+    local = [cfg.model] if cfg.backend == "transformers" and is_local(cfg.model) and Path(cfg.model).is_dir() else []
     with atomic_dir(paths.model_dir("teacher")) as out:
-        write_manifest(out, "teacher", cfg, name=paths.MODEL_MANIFEST, teacher_backend=record)
+        cards.write_model_manifest(out, "teacher", cfg, inputs=local, teacher_backend=record)
     # The live folder is a declared output; an external teacher has no curves: their header-only stand-ins, so that
     # DVC finds neither an empty output nor a plot it cannot load
     with atomic_dir(paths.live_dir("teacher")) as live:
         fill_skipped(live, "teacher", f"no training: the teacher is {cfg.backend} {cfg.model}")
     metrics = {"backend": cfg.backend}
     stage_logger().info("teacher: %s %s", cfg.backend, cfg.model)
-    write_json(paths.metrics_file("teacher"), metrics)
+    write_metrics(paths.metrics_file("teacher"), metrics)
 
 
 def _flow(cfg: TeacherConfig) -> None:

@@ -139,7 +139,7 @@ def test_decoding_with_the_blank_line_rule_cuts_each_row_at_its_first_paragraph(
     with torch.no_grad():
         head.weight.copy_(model.lm_head.weight)
         head.bias.zero_()
-        head.bias[newline_ids(tok)] = 2.0
+        head.bias[newline_ids(tok)] = 3.0
     model.lm_head = head
     enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
     free = decode(model, enc["input_ids"], enc["attention_mask"], 40, eos_id=-1)

@@ -58,4 +58,27 @@ def test_manifest_leaves_out_wall_clock_figures(tmp_path):
                "drills": {"colour": {"exact": 1.0, "seconds": 12.0}}, "seconds_per_question": 0.1}
     write_manifest(tmp_path, "demo", {"seed": 0}, metrics=metrics)
     manifest = json.loads((tmp_path / "config.json").read_text())
-    assert manifest["metrics"] == {"train_loss": 0.5, "frames_per_second": 8, "drills": {"colour": {"exact": 1.0}}}
+    assert manifest["metrics"] == {"train_loss": 0.5, "drills": {"colour": {"exact": 1.0}}}
+
+
+def test_metrics_go_where_dvc_hashes_them_and_their_timings_beside(tmp_path, monkeypatch):
+    """The machine's speed never reaches a file DVC hashes into dvc.lock (metrics/*.json): transformers' runtimes,
+    TRL's step times and our throughputs go to timings/, in their places; a run without any removes the old file."""
+    import json
+
+    from pipeline import paths
+    from pipeline.io import write_metrics
+
+    monkeypatch.chdir(tmp_path)
+    metrics = {"eval": {"loss": 1.1, "runtime": 0.3, "samples_per_second": 670.7}, "step_time": 2.5, "steps": 8,
+               "decoding": {"greedy": {"accuracy": 0.5, "seconds_per_question": 0.01}}, "teacher_seconds": 4.0}
+    written = write_metrics(paths.metrics_file("sft"), metrics)
+    assert json.loads((tmp_path / "metrics/sft.json").read_text()) == {
+        "eval": {"loss": 1.1}, "steps": 8, "decoding": {"greedy": {"accuracy": 0.5}}}
+    timings = {"eval": {"runtime": 0.3, "samples_per_second": 670.7}, "step_time": 2.5,
+               "decoding": {"greedy": {"seconds_per_question": 0.01}}, "teacher_seconds": 4.0}
+    assert written == timings and json.loads((tmp_path / "timings/sft.json").read_text()) == timings
+    write_metrics(paths.eval_metrics_file("sft"), {"accuracy": 0.5, "seconds_per_question": 0.1})
+    assert json.loads((tmp_path / "timings/evaluate/sft.json").read_text()) == {"seconds_per_question": 0.1}
+    assert write_metrics(paths.metrics_file("sft"), {"steps": 8}) is None
+    assert not (tmp_path / "timings/sft.json").exists()

@@ -310,8 +310,8 @@ def test_report_tables_each_model_with_both_faithfulness_probes():
     evaluations["sft"]["decoding"]["prm_best_of_n"] = {**greedy, "accuracy": 0.45, "vs_greedy": {
         "difference": 0.05, "standard_error": 0.021}}
     table = decoding_markdown(evaluations)
-    assert "| sft | greedy | 0.4 | 0.1 |  | 48.0 | 0.0 | 0.01 |" in table
-    assert "| sft | prm_best_of_n | 0.45 | 0.1 | +0.050 (0.021) | 48.0 | 0.0 | 0.01 |" in table
+    assert "| sft | greedy | 0.4 | 0.1 |  | 48.0 | 0.0 |" in table
+    assert "| sft | prm_best_of_n | 0.45 | 0.1 | +0.050 (0.021) | 48.0 | 0.0 |" in table
     assert "| sft | 45 | 1 | 1.0 | 15 | 15 | 0.5333 |" in table
     assert "| old | 3 | 0 | – | – | – | – |" in table  # metrics from before the trend probe still render
 
@@ -320,7 +320,7 @@ def test_report_tables_each_model_with_both_faithfulness_probes():
     skipped = {"skipped": "the probes rewrite chart questions; task.kind is dataset"}
     table = decoding_markdown({"sft": {"decoding": {"greedy": greedy}, "faithfulness": skipped}})
     assert "| model | strategy | test | test minus greedy (paired SE) |" in table
-    assert "| sft | greedy | 0.4 |  | 48.0 | 0.0 | 0.01 |" in table
+    assert "| sft | greedy | 0.4 |  | 48.0 | 0.0 |" in table
     assert table.endswith("Skipped for every model: the probes rewrite chart questions; task.kind is dataset.")
 
 
