@@ -43,13 +43,15 @@ DISTILLED = paths.split_file("train", stage="distill")
 HARD = paths.split_file("hard", stage="distill")
 
 
-def training_rows(source: str, share: float = 1.0) -> tuple[list[dict], list[Path]]:
-    """(rows, files read) for `sft.source`; `share` thins the gold rows (`sft.rationale_share`)."""
+def training_rows(source: str, share: float = 1.0, limit: int | None = None) -> tuple[list[dict], list[Path]]:
+    """(rows, files read) for `sft.source`; `share` thins the gold rows (`sft.rationale_share`), `limit` keeps the
+    first rows of the source (`sft.max_train_samples`): with `mixed`, the first gold rows and every verified trace
+    on top, so that the traces are trained on however few gold rows there are."""
     files = {"gold": [paths.split_file("train")], "distilled": [DISTILLED],
              "mixed": [paths.split_file("train"), DISTILLED]}[source]
     rows = [row for f in files
-            for row in (gold_rows(share) if f == paths.split_file("train")
-                        else read_rows(f, required=("prompt", "rationale")))]
+            for row in (gold_rows(share)[:limit] if f == paths.split_file("train") else
+                        read_rows(f, required=("prompt", "rationale"))[: limit if source == "distilled" else None])]
     if not rows:
         thinned = f" and sft.rationale_share={share} (a share of the gold rows: raise it)" if share < 1 else ""
         raise InputError(f"{', '.join(map(str, files))}: no training rows for sft.source={source}{thinned}")
@@ -142,14 +144,16 @@ def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_
           lora_cfg: LoraConfig) -> None:
     val_file = paths.split_file("val")
     val_rows = read_rows(val_file, required=("prompt", "rationale"))
-    rows, files = training_rows(cfg.source, cfg.rationale_share)  # fail on a missing input before loading anything
-    train_cfg, mixed, temporal = mix_rows(cfg, rows)  # mix 0: (cfg, rows, 0), phase 1 as before
+    # fail on a missing input before loading anything; max_train_samples is applied here, to the source's rows
+    rows, files = training_rows(cfg.source, cfg.rationale_share, cfg.max_train_samples)
+    cut = cfg.model_copy(update={"max_train_samples": None})
+    train_cfg, mixed, temporal = mix_rows(cut, rows)  # mix 0: (cut, rows, 0), phase 1 as before
     if cfg.mix > 0:
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "sft", cfg.seed)
     with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
-        metrics = run(cfg, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
+        metrics = run(cut, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
                       (train_cfg, mixed), task_cfg.kind)
         metrics["train_rows"] = len(rows)
         if cfg.mix > 0:

@@ -86,3 +86,18 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     plain = cfg.model_copy(update={"mix": 0.0})
     assert phases(plain, mixed=True) == phases(plain, mixed=False)  # mix 0: as before sft.mix
     assert phases(plain, mixed=False)[0] == ("sft", 6, [f"p{k}" for k in range(10)])  # the trainer truncates
+
+
+def test_max_train_samples_cuts_the_gold_rows_and_keeps_every_trace_on_top(tmp_path, monkeypatch):
+    """sft.source mixed with a few gold rows (a real model's profile): the verified traces of data/distill come on
+    top of the first max_train_samples gold rows, rather than being cut off behind the 6,000 gold ones."""
+    from stages.sft import DISTILLED, training_rows
+
+    monkeypatch.chdir(tmp_path)
+    for file, name in ((paths.split_file("train"), "gold"), (DISTILLED, "trace")):
+        file.parent.mkdir(parents=True, exist_ok=True)
+        write_rows(file, [{"prompt": f"{name} {k}", "rationale": "Answer: 1"} for k in range(10)])
+    rows, _ = training_rows("mixed", limit=3)
+    assert [r["prompt"] for r in rows] == ["gold 0", "gold 1", "gold 2", *(f"trace {k}" for k in range(10))]
+    assert [r["prompt"] for r in training_rows("distilled", limit=3)[0]] == ["trace 0", "trace 1", "trace 2"]
+    assert len(training_rows("gold")[0]) == 10
