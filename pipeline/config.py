@@ -18,7 +18,7 @@ from typing import Annotated, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.paths import SPLITS
+from pipeline.paths import PRETRAINED, SPLITS
 
 PARAMS_FILE = "params.yaml"
 
@@ -201,8 +201,8 @@ NO_MODEL_DEPENDENCY = "pipeline/models.py"
 PIPELINE_OUTPUTS = ("models", "data")
 
 
-LOCAL_RULE = ("a local path: it exists, starts with . / or ~, has more than one /, or its first folder exists here; "
-              "a Hugging Face id is name or owner/name")
+LOCAL_RULE = ("a local path: it exists, starts with . / or ~, has more than one /, its first folder exists here, or "
+              "it is under pretrained/; a Hugging Face id is name or owner/name")
 
 
 def is_local(path: str, suffixes: tuple[str, ...] = ()) -> bool:
@@ -211,6 +211,8 @@ def is_local(path: str, suffixes: tuple[str, ...] = ()) -> bool:
     `examples/gsm8kk` is a mistyped local path, which would otherwise be looked up on the Hub, retried for half a
     minute offline, and then reported as a bad id."""
     if Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or Path(path).suffix in suffixes:
+        return True
+    if Path(path).parts[:1] == PRETRAINED.parts:  # a model `python -m pipeline fetch` converts (not yet, here)
         return True
     parts = path.split("/")
     return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())

@@ -14,6 +14,9 @@ PLOTS = Path("plots")
 # Wall-clock figures (seconds, throughputs) of each stage's last run: beside, never inside, what DVC hashes, since a
 # machine's speed would change dvc.lock on every re-run. Not tracked by git or DVC.
 TIMINGS = Path("timings")
+# Pretrained models converted by `python -m pipeline fetch` (pipeline/pretrained.py): local folders, not Hub ids,
+# even before they are fetched
+PRETRAINED = Path("pretrained")
 
 SPLITS = ("train", "val", "test", "ood")
 

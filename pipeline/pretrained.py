@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.io import InputError, atomic_dir
-
-PRETRAINED = Path("pretrained")  # converted models, relative to the repository root
+from pipeline.paths import PRETRAINED  # converted models, relative to the repository root
 WHEELS = Path("cache/wheels")  # downloaded wheels, kept so that a second conversion needs no index
 
 

@@ -143,3 +143,27 @@ def test_step_accuracy_counts_matches_and_missing_steps():
     # 9.5 is 5.6% off 9; the third step is missing.
     assert step_accuracy("Step 1: Select all bars: A 5, B 9.\nStep 2: Its value is 9.5.\nAnswer: Yes", gold) == (1, 3)
     assert step_accuracy(None, gold) == (0, 3)
+
+
+# How SmolLM2-135M-Instruct writes its answers, zero-shot and after two worked examples (tests/e2e/test_smollm2.py
+# runs the model itself): markdown emphasis around the answer line, a final sentence instead of one, numbered steps.
+SMOLLM2_REPLIES = [
+    ("Step 1: Select the Spain slice: Spain 6.\nStep 2: 10 * 6 = 60.\n**Answer:** 60", "60", "number", True, True),
+    ("The value for Spain is 6, so 10 times it is 60.\nAnswer: **60**.", "60", "number", True, True),
+    ("1. Spain's slice shows 6.\n2. Multiply by 10: 10 * 6 = 60.", "60", "number", False, True),
+    ("10 times the number shown for Spain is 10 * 2 = 20.", "60", "number", False, False),
+    ("The slice with the largest value is Fri, and its colour is **orange**.", "orange", "text", False, True),
+    ("Answer: Yes, Fri is larger than Thu.", "yes", "binary", False, True),
+    ("No. Fri (17) is not smaller than Thu (2).\nAnswer: No", "no", "binary", True, True),
+]
+
+
+@pytest.mark.parametrize("reply, gold, answer_type, strict, lenient", SMOLLM2_REPLIES)
+def test_smollm2s_answer_styles_read_strictly_and_leniently(reply, gold, answer_type, strict, lenient):
+    """The strict reader takes the task's `Answer:` line, emphasis or not; the lenient one any reply's last number,
+    yes or no, or the gold word in its last line: a gain under the strict reading alone is the format learned."""
+    from pipeline.grading import extract_answer, grade, lenient_correct
+
+    read = extract_answer(reply)
+    assert (read is not None and grade(read, gold, answer_type)) is strict
+    assert lenient_correct(reply, gold, answer_type) is lenient

@@ -277,9 +277,8 @@ def test_params_command_prints_writes_and_composes(project):
     assert [line.split()[0] for line in listed if line] == profiles.names(ROOT)
 
 
-def test_a_profile_names_the_keys_it_leaves_to_the_user():
-    with pytest.raises(ConfigError, match=r"profile pretrained needs base.model \(the model to post-train"):
-        profiles.resolve("pretrained", root=ROOT)
+def test_the_pretrained_profile_runs_smollm2_and_takes_a_model_of_ones_own():
+    assert profiles.resolve("pretrained", root=ROOT)["base"]["model"] == "pretrained/SmolLM2-135M-Instruct"
     params = profiles.resolve("pretrained", ["base.model=models/mine"], root=ROOT)
     # a pretrained model's fine-tuning rates, not the from-scratch student's
     assert params["base"]["model"] == "models/mine" and params["sft"]["learning_rate"] == 1e-5
