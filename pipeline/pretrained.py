@@ -17,9 +17,7 @@ it is, after the same checks.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -182,18 +180,3 @@ def convert(gguf: Path, out: Path, source: str = "") -> None:
         save_tokenizer(tokenizer, tmp, getattr(model.config, "max_position_embeddings", None))
         (tmp / "SOURCE").write_text(f"Converted from {source or gguf.name} by `python -m pipeline fetch` "
                                     "(pipeline/pretrained.py): transformers' GGUF reader, de-quantized to float32.\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline fetch", description=__doc__.splitlines()[0])
-    parser.add_argument("name", nargs="+", choices=sorted(KNOWN), help="the model to fetch and convert")
-    args = parser.parse_args(argv)
-    for name in args.name:
-        folder = fetch(name)
-        print(f"{name}: {folder} (base.model: {folder})")
-    return 0
-
-
-def remove(name: str) -> None:
-    """Delete a converted folder (tests)."""
-    shutil.rmtree(KNOWN[name].path, ignore_errors=True)
