@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipeline.config import (LOCAL_RULE, BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section,
-                             is_local, watched)
+                             is_local, is_stage_output, watched)
 
 _override: PromptConfig | None = None
 _shots: tuple[tuple[str, str], ...] = ()  # worked examples shown before every question (`with_shots`)
@@ -166,6 +166,8 @@ def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, 
         if not source:
             continue
         source = watched(source)  # `~` expanded, as the stages load it
+        if is_stage_output(source) and not Path(source).exists():
+            continue  # a stage's output (models/base: self-distillation), checked by the stage that loads it
         gguf = is_gguf(source)
         if gguf and not Path(source).is_file():
             raise ConfigError(f"{path}: {key}: {source}: no such GGUF file ({LOCAL_RULE})")

@@ -214,8 +214,16 @@ def is_local(path: str, suffixes: tuple[str, ...] = ()) -> bool:
         return True
     if Path(path).parts[:1] == PRETRAINED.parts:  # a model `python -m pipeline fetch` converts (not yet, here)
         return True
+    if is_stage_output(path):  # models/base: a stage writes it (not yet, on a fresh clone)
+        return True
     parts = path.split("/")
     return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
+
+
+def is_stage_output(path: str) -> bool:
+    """Does `path` name a folder a stage of this pipeline writes (under models/ or data/, relative)?"""
+    parts = Path(path).parts
+    return len(parts) > 1 and not Path(path).is_absolute() and parts[0] in PIPELINE_OUTPUTS
 
 
 def watched(path: str) -> str:
