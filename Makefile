@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/prm_wide_vocab.py --paths 128 --repeats 1
 	$(BIN)/python bench/animate.py
 	$(BIN)/python bench/launch_sft.py
+	$(BIN)/python bench/smollm2.py
 
 server: $(STAMP)
 	$(BIN)/prefect server start --host 127.0.0.1

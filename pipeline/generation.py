@@ -61,7 +61,8 @@ def generate(
     rows = [i for i in order for _ in range(num_return_sequences)]  # each prompt's samples, one after another
     encoded = dict(zip(order, tokenizer([prompts[i] for i in order], add_special_tokens=False)["input_ids"]))
     finished: dict[int, list[int]] = {}
-    with tqdm(total=len(rows), desc="generate", unit="sequence", disable=not progress) as bar:
+    # a redraw every 2 s at most: sequences end many a second, and a log file keeps every redraw
+    with tqdm(total=len(rows), desc="generate", unit="sequence", disable=not progress, mininterval=2.0) as bar:
         for row, tokens in stream(model, [encoded[i] for i in rows], batch_size, max_new_tokens,
                                   tokenizer.eos_token_id, pad_id(tokenizer), sample, stop_ids, stop):
             finished[row] = tokens

@@ -130,8 +130,8 @@ def test_the_whole_dag_runs_on_smollm2_and_a_second_repro_runs_nothing(smollm2, 
     for model in ("sft", "grpo", "dpo", "sft_extended"):
         metrics = json.loads((repo / f"metrics/evaluate/{model}.json").read_text())
         assert 0 <= metrics["accuracy"] <= 1 and "lenient_accuracy_ood" in metrics, model
-    assert (repo / "models/sft/adapter_config.json").is_file()  # LoRA, saved as an adapter on models/base
-    card = (repo / "models/sft/README.md").read_text()
+    assert (repo / "models/grpo/adapter_config.json").is_file()  # LoRA, saved as an adapter on models/sft
+    card = (repo / "models/grpo/README.md").read_text()
     assert "prompt format | chat" in card and "apply_chat_template" in card
     assert json.loads((repo / "metrics/sft.json").read_text())["train_rows"] == 8 + distill["traces_kept"]
     assert ran_stages(dvc("repro", cwd=repo).stdout) == []

@@ -143,3 +143,12 @@ def test_a_skipped_part_leaves_every_declared_plot_drawable(tmp_path):
     assert "filters.png" not in fill_skipped(tmp_path / "again", "animate", "x", ROOT / "dvc.yaml")
     assert (tmp_path / "again/filters.png").read_bytes() == b"drawn"
     assert fill_skipped(tmp_path / "again", "animate", "x", tmp_path / "no-dvc.yaml") == []
+
+
+def test_dvc_reads_yaml_with_the_c_parser():
+    """A no-op `dvc repro` of the default DAG reads params.yaml once a stage and dvc.lock twice: in ruamel's pure
+    Python parser that was half of its 2 s (bench/orchestration.py measures both), so ruamel.yaml.clib is a
+    dependency and DVC's safe loader must find it."""
+    from ruamel.yaml import YAML
+
+    assert YAML(typ="safe").Parser.__name__ == "CParser"
