@@ -140,6 +140,7 @@ RESULT_COLUMNS = (
     ("quick default", "metrics"),
     ("quick default, `--seed 1`", "docs/results/quick-seed1"),
     ("`research` profile", "docs/results/research"),
+    ("`smollm2` profile (SmolLM2-135M-Instruct)", "docs/results/smollm2"),
 )
 STUDENTS = ("sft", "sft_extended", "grpo", "dpo")
 
@@ -154,6 +155,13 @@ def _signed(v: dict | None) -> str:
         return "–"
     se = v.get("standard_error")
     return f"{v['difference']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
+
+
+def _pairs(prm: dict) -> str:
+    """'0.693 (160 pairs)': the share of held-out (right, wrong) answer pairs of one question the PRM ranks right."""
+    within = prm.get("held_out", {}).get("within_question", {})
+    value = _num(within.get("pair_accuracy_mean"))
+    return value if "pairs" not in within else f"{value} ({within['pairs']} pairs)"
 
 
 def result_rows(root: Path) -> list[tuple[str, str]]:
@@ -183,8 +191,7 @@ def result_rows(root: Path) -> list[tuple[str, str]]:
         ("sft, best-of-N minus greedy (paired SE)", _signed(best.get("vs_greedy"))),
         ("sft, PRM beam search", _num(decoding.get("prm_beam", {}).get("accuracy"))),
         ("PRM held-out AUROC over lines", _num(prm.get("auroc"))),
-        ("PRM within-question pairs ranked right (mean line score)",
-         _num(prm.get("held_out", {}).get("within_question", {}).get("pair_accuracy_mean"))),
+        ("PRM within-question pairs ranked right (mean line score)", _pairs(prm)),
         ("test questions: greedy / decoding strategies; N",
          f"{sft.get('questions', '–')} / {decoding.get('greedy', {}).get('questions', '–')}; {n or '–'}"),
     ]
