@@ -248,14 +248,23 @@ HEADER = """\
 # The resolved params: what every stage reads and DVC records (dvc.lock, dvc params diff).
 # Written by `python -m pipeline params --write` or `python -m pipeline repro --profile NAME`
 # from the schema's defaults (pipeline/config.py: the quick default), profiles/NAME.yaml
-# and -S overrides; the two lines below say which. Edit by hand as you like: a later
-# --profile run refuses to overwrite values that differ from what these lines resolve to.
+# and -S overrides; the lines below say which, and hash the values written. Edit by hand as
+# you like: a later --profile run refuses to overwrite values that differ from what was written.
 """
+
+
+def digest(params: dict) -> str:
+    """A short hash of params' values, which the header records: a file whose values still have it was not edited
+    by hand, whatever its profile resolves to now (a profile file changed by a `git pull`)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def render(params: dict, profile: str = DEFAULT, sets: Sequence[str] = ()) -> str:
     """params.yaml's text: the header, then each section with its fields' descriptions as comments."""
-    lines = HEADER.splitlines() + [f"# profile: {profile}"] + [f"# set: {s}" for s in sets]
+    lines = (HEADER.splitlines() + [f"# profile: {profile}"] + [f"# set: {s}" for s in sets]
+             + [f"# written values: {digest(params)}"])
     for name, model in SECTIONS.items():
         lines += ["", *_comment(_doc(model), ""), f"{name}:"]
         lines += _fields(model, params[name], "  ")
@@ -298,6 +307,16 @@ def _scalar(value: Any) -> str:
     return text.removesuffix("\n...").removesuffix("...").strip()
 
 
+def written_digest(text: str) -> str | None:
+    """The values' digest a params.yaml header records (None: a file written before headers had one)."""
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith("# written values: "):
+            return line.removeprefix("# written values: ").strip()
+    return None
+
+
 def header_of(text: str) -> tuple[str | None, list[str]]:
     """(profile, sets) recorded in a params.yaml header; (None, []) when it has none."""
     profile, sets = None, []
@@ -330,9 +349,12 @@ def hand_edits(path: Path | None = None, root: Path | None = None) -> list[str]:
     path = path or params_path()
     if not path.exists():
         return []
-    profile, sets = header_of(path.read_text())
+    text = path.read_text()
+    profile, sets = header_of(text)
     if profile is None:
         return ["*"]
+    if written_digest(text) == digest(read_params(path)):
+        return []  # the values as written: a profile that changed since is no hand edit
     try:
         expected = resolve(profile, sets, root)
     except ConfigError:

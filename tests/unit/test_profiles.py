@@ -190,6 +190,21 @@ def test_write_records_the_profile_and_refuses_to_lose_a_hand_edit(root):
         profiles.write("small", [], path, root)
 
 
+def test_a_profile_changed_since_params_yaml_was_written_is_no_hand_edit(root):
+    """After a `git pull` that changes a profile file, params.yaml still holds the values it was written with: the
+    header's hash of them says so, and `--profile` rewrites the file instead of calling the profile's changes hand
+    edits. A value edited by hand since is still one."""
+    path = root / "params.yaml"
+    profiles.write("small", [], path, root)
+    (root / "profiles/small.yaml").write_text(yaml.safe_dump(
+        {"extends": "big", "params": {"sft": {"learning_rate": 0.004}, "dpo": {"beta": 0.2}}}))
+    assert profiles.hand_edits(path, root) == []
+    assert profiles.write("small", [], path, root) is True
+    assert profiles.read_params(path)["sft"]["learning_rate"] == 0.004
+    path.write_text(path.read_text().replace("\n  beta: 0.2 ", "\n  beta: 0.3 ", 1))
+    assert profiles.hand_edits(path, root) == ["dpo.beta"]
+
+
 def test_stages_refuse_a_params_file_with_a_key_left_out(tmp_path):
     path = tmp_path / "params.yaml"
     params = profiles.defaults()
@@ -246,10 +261,11 @@ def test_the_results_table_titles_this_run_by_its_profile(project):
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.splitlines()[0]
 
-    assert header() == "| test accuracy unless named | quick default | quick default, `--seed 1` | `research` profile |"
+    assert header() == ("| test accuracy unless named | quick default | quick default, `--seed 1` | "
+                        "`smollm2` profile (SmolLM2-135M-Instruct) |")
     assert cli("params", "--write", "--profile", "tiny", "-S", "sft.seed=2", cwd=project).returncode == 0
     assert header() == ("| test accuracy unless named | this run (`tiny`, sft.seed=2) | quick default, `--seed 1` | "
-                        "`research` profile |")
+                        "`smollm2` profile (SmolLM2-135M-Instruct) |")
     assert cli("params", "--write", "--profile", "gsm8k", cwd=project).returncode == 0
     assert header() == "| test accuracy unless named | this run (`gsm8k`) |"
 
