@@ -139,7 +139,6 @@ def generalisation_plot(evaluations: dict[str, dict], path: Path) -> None:
 RESULT_COLUMNS = (
     ("quick default", "metrics"),
     ("quick default, `--seed 1`", "docs/results/quick-seed1"),
-    ("`research` profile", "docs/results/research"),
     ("`smollm2` profile (SmolLM2-135M-Instruct)", "docs/results/smollm2"),
 )
 STUDENTS = ("sft", "sft_extended", "grpo", "dpo")
