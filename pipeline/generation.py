@@ -9,7 +9,7 @@ they emit EOS (see `decode`). `pad` and `pad_id` also serve GRPO's rollouts
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,166 +53,19 @@ def generate(
     tokenizer.padding_side = "left"
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     results: list[list[Generation]] = [[] for _ in prompts]
-    rng = torch.Generator().manual_seed(seed)
-    sample = (temperature, top_p, rng, top_k) if do_sample else None
-    if sharding.lockstep(model) or not joinable(model):  # fixed batches, each decoded to its end
-        return _generate_in_batches(model, tokenizer, prompts, order, results, max_new_tokens, batch_size,
-                                    num_return_sequences, sample, progress, stop_ids, stop)
-    rows = [i for i in order for _ in range(num_return_sequences)]  # each prompt's samples, one after another
-    encoded = dict(zip(order, tokenizer([prompts[i] for i in order], add_special_tokens=False)["input_ids"]))
-    finished: dict[int, list[int]] = {}
-    # a redraw every 2 s at most: sequences end many a second, and a log file keeps every redraw
-    with tqdm(total=len(rows), desc="generate", unit="sequence", disable=not progress, mininterval=2.0) as bar:
-        for row, tokens in stream(model, [encoded[i] for i in rows], batch_size, max_new_tokens,
-                                  tokenizer.eos_token_id, pad_id(tokenizer), sample, stop_ids, stop):
-            finished[row] = tokens
-            bar.update(1)
-    for row, prompt in enumerate(rows):
-        tokens = finished[row]
-        results[prompt].append(Generation(text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens)))
-    return results
-
-
-def _generate_in_batches(model, tokenizer, prompts, order, results, max_new_tokens, batch_size, n, sample, progress,
-                         stop_ids, stop) -> list[list[Generation]]:
-    """`generate` in fixed batches of batch_size // n prompts, each batch decoded to its end."""
-    per_batch = max(1, batch_size // n)
+    per_batch = max(1, batch_size // num_return_sequences)
     batches = [order[i : i + per_batch] for i in range(0, len(order), per_batch)]
+    rng = torch.Generator().manual_seed(seed)
     for batch in tqdm(batches, desc="generate", unit="batch", disable=not progress):
         enc = tokenizer([prompts[i] for i in batch], return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = enc["input_ids"].repeat_interleave(n, dim=0)
-        mask = enc["attention_mask"].repeat_interleave(n, dim=0)
+        ids = enc["input_ids"].repeat_interleave(num_return_sequences, dim=0)
+        mask = enc["attention_mask"].repeat_interleave(num_return_sequences, dim=0)
+        sample = (temperature, top_p, rng, top_k) if do_sample else None
         for row, tokens in enumerate(decode(model, ids.to(model.device), mask.to(model.device), max_new_tokens,
                                             tokenizer.eos_token_id, sample, stop_ids, stop)):
             text = tokenizer.decode(tokens, skip_special_tokens=True)
-            results[batch[row // n]].append(Generation(text=text, tokens=len(tokens)))
+            results[batch[row // num_return_sequences]].append(Generation(text=text, tokens=len(tokens)))
     return results
-
-
-def stream(model, sequences: Sequence[Sequence[int]], batch_size: int, max_new_tokens: int, eos_id: int, fill: int,
-           sample=None, stop_ids: Sequence[int] = (), stop: BlankLineStop | None = None
-           ) -> Iterator[tuple[int, list[int]]]:
-    """(index, generated token ids) of every sequence of `sequences` (token ids), as each one ends.
-
-    At most `batch_size` sequences decode together, as in `decode`, and a sequence that ends leaves the batch;
-    here its place goes to the next ones waiting: they are prefilled together (left-padded) and their KV cache is
-    joined to the batch's, so the batch stays full while sequences remain. A batch decoded to its end instead
-    runs its last steps for its few longest rows, paying a whole pass over the weights a step for them (the gain
-    on SmolLM2: bench/smollm2.py, BENCHMARKS.md). New sequences join once a quarter of the batch is free, so that
-    each prefill and join serves several.
-    """
-    with sharding.inference(model):
-        yield from _stream(model, sequences, batch_size, max_new_tokens, eos_id, fill, sample, stop_ids, stop)
-
-
-def _stream(model, sequences, batch_size, max_new_tokens, eos_id, fill, sample, stop_ids, stop):
-    device = model.device
-    finish = torch.tensor([eos_id, *stop_ids], device=device)
-    admit_at = max(1, batch_size // 4)
-    waiting = 0  # sequences[waiting:] have not joined yet
-    batch: _Batch | None = None
-    while waiting < len(sequences) or batch is not None:
-        free = batch_size - (batch.rows if batch is not None else 0)
-        if waiting < len(sequences) and (batch is None or free >= min(admit_at, len(sequences) - waiting)):
-            take = list(range(waiting, min(len(sequences), waiting + free)))
-            waiting += len(take)
-            joined = _Batch.prefill(model, [sequences[i] for i in take], take, fill, stop)
-            batch = joined if batch is None else batch.join(joined)
-        next_ids = _pick(batch.logits, sample)
-        for row, token in zip(batch.index.tolist(), next_ids.tolist()):
-            batch.out[row].append(token)
-        batch.steps += 1
-        done = torch.isin(next_ids, finish) | (batch.steps >= max_new_tokens)
-        if batch.tracker is not None:
-            done |= batch.tracker.step(next_ids)
-        for row in batch.index[done.cpu()].tolist():
-            yield row, batch.out.pop(row)
-        if bool(done.all()):
-            batch = None
-            continue
-        batch.forward(model, next_ids, (~done).nonzero().squeeze(1))
-
-
-class _Batch:
-    """The rows decoding together: their KV cache, attention mask, last logits, tokens so far and steps taken."""
-
-    def __init__(self, cache, mask, logits, index: torch.Tensor, tracker) -> None:
-        self.cache, self.mask, self.logits, self.index, self.tracker = cache, mask, logits, index, tracker
-        self.steps = torch.zeros(len(index), dtype=torch.long, device=mask.device)
-        self.out: dict[int, list[int]] = {int(i): [] for i in index.tolist()}
-
-    @property
-    def rows(self) -> int:
-        return len(self.index)
-
-    @classmethod
-    def prefill(cls, model, sequences, index: list[int], fill: int, stop) -> "_Batch":
-        from transformers import DynamicCache
-
-        ids, mask = pad(sequences, fill, left=True)
-        ids, mask = ids.to(model.device), mask.to(model.device)
-        cache = DynamicCache(config=model.config)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                       **_cache_kw(model, cache)).logits[:, -1, :]
-        tracker = stop.tracker(len(index), model.device) if stop is not None else None
-        return cls(cache, mask, logits, torch.tensor(index), tracker)
-
-    def join(self, new: "_Batch") -> "_Batch":
-        """This batch and `new` as one, the shorter side's cache and mask padded on the left to the other's length
-        (a padded position is masked out, as a left-padded prompt's are)."""
-        width = max(self.mask.shape[1], new.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, new.cache.layers):
-            mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
-            mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
-        self.mask = torch.cat([_left_pad(self.mask, width), _left_pad(new.mask, width)])
-        self.logits = torch.cat([self.logits, new.logits])
-        self.index = torch.cat([self.index, new.index])
-        self.steps = torch.cat([self.steps, new.steps])
-        self.out.update(new.out)
-        if self.tracker is not None:
-            self.tracker.extend(new.tracker)
-        return self
-
-    def forward(self, model, next_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        """The rows of `keep` take their next token; the others leave the batch."""
-        if len(keep) < self.rows:
-            self.cache.batch_select_indices(keep)
-            self.mask, self.index, self.steps = self.mask[keep], self.index[keep.cpu()], self.steps[keep]
-            next_ids = next_ids[keep]
-            if self.tracker is not None:
-                self.tracker.keep(keep)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
-        position_ids = self.mask.sum(-1, keepdim=True) - 1
-        self.logits = model(input_ids=next_ids[:, None], attention_mask=self.mask, position_ids=position_ids,
-                            use_cache=True, **_cache_kw(model, self.cache)).logits[:, -1, :]
-
-
-def joinable(model) -> bool:
-    """Can `stream` join new rows to this model's cache? A plain per-layer cache can (full attention: the keys and
-    values of every position); a sliding-window or other layer keeps state of its own, and FSDP over several ranks
-    needs every rank's forward passes in step (both decode fixed batches instead)."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-
-
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """`tensor` (a cache [rows, heads, length, dim] or a mask [rows, length]) padded with zeros on the left of its
-    length axis up to `width`."""
-    axis = 2 if tensor.dim() == 4 else 1
-    missing = width - tensor.shape[axis]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[axis] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=axis)
-
-
-def _cache_kw(model, cache) -> dict:
-    # transformers 5.x renames `past_key_values` to `cache` (the old name warns, then goes in 5.40)
-    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
 
 
 def token_texts(tokenizer) -> tuple[list[int], list[str]]:
@@ -284,10 +137,6 @@ class _BlankLineTracker:
     def keep(self, rows: torch.Tensor) -> None:
         self.run, self.started = self.run[rows], self.started[rows]
 
-    def extend(self, other: "_BlankLineTracker") -> None:
-        """The rows of `other` (sequences that joined the batch) after these."""
-        self.run, self.started = torch.cat([self.run, other.run]), torch.cat([self.started, other.started])
-
 
 def pad_id(tokenizer) -> int:
     """The id that pads a batch: the pad token, or EOS for a tokenizer without one (masked out either way)."""
@@ -329,7 +178,8 @@ def _decode(model, input_ids, attention_mask, max_new_tokens, eos_id, sample, st
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    cache_kw = _cache_kw(model, cache)
+    # transformers 5.x renames `past_key_values` to `cache` (the old name warns, then goes in 5.40)
+    cache_kw = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=True, logits_to_keep=1, **cache_kw).logits[:, -1, :]
@@ -421,7 +271,6 @@ class LocalSampler:
         max_new_tokens: int = 192, seed: int = 0,
     ) -> list[list[Generation]]:
         return generate(
-            self.model, self.tokenizer, [chat.render(self.tokenizer, p) for p in prompts],
-            max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0, temperature=temperature,
+            self.model, self.tokenizer, [chat.render(self.tokenizer, p) for p in prompts], max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0, temperature=temperature,
             top_p=top_p, num_return_sequences=n, seed=seed,
         )

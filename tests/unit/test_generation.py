@@ -153,33 +153,3 @@ def test_decoding_with_the_blank_line_rule_cuts_each_row_at_its_first_paragraph(
 
     assert cut == [first_paragraph(row) for row in free]
     assert any(len(c) < len(f) for c, f in zip(cut, free))  # some row met a blank line
-
-
-def test_sequences_join_the_batch_as_others_end_and_decode_as_they_would_alone(tiny):
-    """`generate` keeps its batch full: a sequence that ends gives its place to the next ones waiting, whose
-    cache joins the batch's (padded on the left to one length). Each greedy completion equals the sequence
-    decoded alone, and the loop takes fewer forward passes than fixed batches each decoded to their end."""
-    from pipeline.generation import pad, pad_id, stream
-
-    model, tok = tiny
-    prompts = PROMPTS + ["Q: 1\n", "Question: what is 11 + 12 + 13 + 14?\n", "9-3=\n"]
-    ids = tok(prompts, add_special_tokens=False)["input_ids"]
-    alone = [decode(model, torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), 10, eos_id=-1)[0]
-             for row in ids]
-    eos = alone[1][2]  # the 3rd token of one sequence ends it early: others join in its place
-    alone = [decode(model, torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), 10, eos_id=eos)[0]
-             for row in ids]
-    passes = []
-    hook = model.register_forward_hook(lambda module, args, kwargs, out: passes.append(kwargs["input_ids"].shape),
-                                       with_kwargs=True)
-    try:
-        streamed = dict(stream(model, ids, 3, 10, eos, pad_id(tok)))
-        joined_passes = len(passes)
-        passes.clear()
-        for start in range(0, len(ids), 3):  # the same sequences in fixed batches of 3, each to its end
-            batch, mask = pad(ids[start : start + 3], pad_id(tok), left=True)
-            decode(model, batch, mask, 10, eos_id=eos)
-    finally:
-        hook.remove()
-    assert [streamed[i] for i in range(len(prompts))] == alone
-    assert any(len(row) < 10 for row in alone) and joined_passes < len(passes)
