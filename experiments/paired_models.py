@@ -24,6 +24,11 @@ def predictions(name: str, folder: Path, split: str, reading: str) -> list[dict]
     return [{**r, "correct": bool(r[reading])} for r in rows]
 
 
+def label(name: str) -> str:
+    path = Path(name)
+    return path.parent.name if path.stem == "predictions" else path.stem
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pairs", nargs="+", help="A:B, each a model under --dir or a predictions .parquet file")
@@ -32,13 +37,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reading", default="correct", choices=["correct", "lenient"],
                         help="correct: the task's strict grading; lenient: the last number or answer word")
     args = parser.parse_args(argv)
-    print(f"| A | B | split, reading | A | B | A minus B | SE | 95% interval | questions |")
+    print("| A | B | split, reading | A | B | A minus B | SE | 95% interval | questions |")
     print("|---|---|---|---|---|---|---|---|---|")
     for pair in args.pairs:
         a, b = pair.split(":")
         result = paired_bootstrap(predictions(b, args.dir, args.split, args.reading),
                                   predictions(a, args.dir, args.split, args.reading))
-        print(f"| {Path(a).stem} | {Path(b).stem} | {args.split}, {args.reading} | {result['after']:.3f} | "
+        print(f"| {label(a)} | {label(b)} | {args.split}, {args.reading} | {result['after']:.3f} | "
               f"{result['before']:.3f} | {result['difference']:+.3f} | {result['standard_error']:.3f} | "
               f"[{result['ci_low']:+.3f}, {result['ci_high']:+.3f}] | {result['questions']} |")
 
