@@ -132,7 +132,12 @@ def _check_local_model(key: str, folder: Path, path: Path | str) -> None:
     """A local model folder that the stages could not load, named now: missing, without safetensors weights, or
     without tokenizer files (transformers would otherwise make up an empty tokenizer from the config alone)."""
     if not folder.is_dir():
-        raise ConfigError(f"{path}: {key}: {folder}: no such folder ({LOCAL_RULE})")
+        from pipeline.pretrained import known_folder
+
+        known = known_folder(folder)
+        hint = (f"; `python -m pipeline fetch {known}` makes it (`python -m pipeline repro` does so itself)" if known
+                else f" ({LOCAL_RULE})")
+        raise ConfigError(f"{path}: {key}: {folder}: no such folder{hint}")
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         found = sorted(p.name for p in folder.iterdir())[:8]
         hint = ("; pickled weights (.bin) are not loaded, as they can run code: convert them once with "
