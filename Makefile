@@ -1,4 +1,4 @@
-# make run [PROFILE=name] | make test | make test-slow | make smoke | make bench | make server | make worker | make remote
+# make run [PROFILE=name] | make test | make test-slow | make smoke | make bench | make server | make worker | make remote | make lock
 # Each target builds .venv from scratch when it is missing or pyproject.toml changed.
 # PROFILE (profiles/<name>.yaml, or `default`) rewrites params.yaml before the run; unset, params.yaml runs as it is.
 PYTHON ?= python3
@@ -8,17 +8,31 @@ STAMP := $(VENV)/.installed
 # Stage commands in dvc.yaml say `python -m stages.<name>`: the venv's python must come first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test test-slow smoke bench server worker remote clean
+.PHONY: install lock run test test-slow smoke bench server worker remote clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first and pinned here (pyproject.toml takes a range): the CPU wheel on disk, never a CUDA build
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	# torch first and pinned here (pyproject.toml takes a range): the CPU wheel on disk, never a CUDA build;
+	# constraints.txt holds every other library at the version the tests passed with
+	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $@
+
+# Refresh constraints.txt: a fresh install of pyproject.toml's ranges (the newest each allows), frozen. Then run
+# `make test` on it and commit both.
+LOCK_VENV := .lock-venv
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/pip install --quiet torch==2.13.0
+	$(LOCK_VENV)/bin/pip install --quiet -e ".[dev]"
+	{ echo "# Every library's exact version for make install and CI (make lock rewrites it from pyproject.toml's ranges)"; \
+	  $(LOCK_VENV)/bin/pip freeze --exclude-editable | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > constraints.txt
+	rm -rf $(LOCK_VENV)
 
 PROFILE ?=
 

@@ -281,12 +281,12 @@ def stage_completed() -> None:
 
 
 def run_key(trainer, stage_cfg: Any) -> str:
-    """sha256 of the stage's params, the trainer's arguments (where it saves aside), the training data and
-    the starting weights."""
+    """sha256 of the stage's params, the trainer's arguments (where it saves and what it reports to aside: a run
+    resumes with a tracker added), the training data and the starting weights."""
     digest = hashlib.sha256()
     params = stage_cfg.model_dump(mode="json") if hasattr(stage_cfg, "model_dump") else stage_cfg
     args = {k: v for k, v in trainer.args.to_dict().items()
-            if not k.startswith(("output_dir", "logging_dir", "save_", "run_name", "resume"))}
+            if not k.startswith(("output_dir", "logging_dir", "save_", "run_name", "resume", "report_to", "project"))}
     digest.update(json.dumps({"params": params, "args": args}, sort_keys=True, default=str).encode())
     data = trainer.train_dataset
     digest.update(str(getattr(data, "_fingerprint", None) or len(data)).encode())

@@ -612,6 +612,9 @@ class GRPOStageConfig(Section):
     replay_max_accuracy: float = Field(0.0, ge=0, lt=1, description="guided replay: group accuracy threshold (tau)")
     replay_samples: int = Field(1, ge=1, description="guided replay: rollouts of such a group replaced by the guidance")
     logging_steps: int = Field(5, ge=1, description="log rewards and KL every N steps")
+    allow_no_update: bool = Field(False, description="publish models/grpo even when its updates were all zero (no "
+                                  "weight moved, or every group's rewards agreed in every step: zero advantages); "
+                                  "false: the stage fails, saying which")
     success_prompts: int = Field(
         100, ge=0, description="after training, resample this many RL-pool prompts to measure the success rate p_after"
     )
@@ -657,6 +660,8 @@ class DPOStageConfig(Section):
     )
     max_length: int = Field(512, ge=16, description="truncate prompt+completion to this many tokens")
     logging_steps: int = Field(10, ge=1)
+    allow_no_update: bool = Field(False, description="publish models/dpo even when its steps left every weight as "
+                                  "it was; false: the stage fails, saying so")
 
 
 class SFTExtendedConfig(Section):
@@ -677,7 +682,7 @@ class PRMDataConfig(Section):
     policy: Literal["base", "teacher", "sft", "sft_extended", "grpo", "dpo"] = Field(
         "sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
-    gold_questions: int = Field(3000, ge=1, description="gold labels: new training questions (why: studies "
+    gold_questions: int = Field(2000, ge=1, description="gold labels: new training questions (why: studies "
                                 "`quick-default`, `quick-default-under-ten-minutes`, `a-teacher-that-teaches`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
@@ -726,7 +731,7 @@ class PRMConfig(Section):
                                     "`prm-contrast-paths`, `prm-epochs-and-length-grouping`, `quick-default`, "
                                     "`quick-default-under-ten-minutes`)")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
-    group_by_length: bool = Field(False, description="batch paths of similar length (transformers' length-grouped "
+    group_by_length: bool = Field(True, description="batch paths of similar length (transformers' length-grouped "
                                   "sampler: less padding); not with pair_weight, whose batches hold a question's "
                                   "paths (measured: study `prm-epochs-and-length-grouping`)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
@@ -1080,6 +1085,40 @@ class ReproConfig(Section):
         "killed run) instead of starting over")
 
 
+# report_to's names: transformers' integrations (transformers.integrations.INTEGRATION_TO_CALLBACK) but dvclive, which
+# every trainer has already, into the stage's DVC output; each with the module it needs installed
+TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "trackio": ("trackio",), "mlflow": ("mlflow",),
+            "wandb": ("wandb",), "comet_ml": ("comet_ml",), "swanlab": ("swanlab",), "clearml": ("clearml",),
+            "neptune": ("neptune",), "azure_ml": ("azureml",), "codecarbon": ("codecarbon",)}
+Tracker = Literal["tensorboard", "trackio", "mlflow", "wandb", "comet_ml", "swanlab", "clearml", "neptune",
+                  "azure_ml", "codecarbon"]
+
+
+class TrackingConfig(Section):
+    """`tracking`: experiment trackers beside dvclive, for every TRL trainer (teacher, sft, sft_extended, grpo, dpo, prm; the table drills log to dvclive only). No stage declares this section among its DVC params: changing it re-runs nothing. Accounts, servers and offline modes come from each tracker's own environment variables (WANDB_MODE=offline, MLFLOW_TRACKING_URI, TRACKIO_DIR, their API keys), never from here."""
+
+    report_to: list[Tracker] = Field(
+        default_factory=list, description="trackers every trainer reports to (transformers' integrations: "
+        "tensorboard, trackio, mlflow, wandb, ...; [] : dvclive alone); each needs its package installed")
+    project: str = Field("reasoning-pipeline", min_length=1, description="the trackers' project (trackio's project; "
+                         "WANDB_PROJECT and MLFLOW_EXPERIMENT_NAME when the environment sets none)")
+    logging_dir: str = Field("runs", min_length=1, description="tensorboard: event files go to "
+                             "<logging_dir>/<stage>/<commit>-<start time>/, written as the run trains (not tracked)")
+
+    @field_validator("report_to")
+    @classmethod
+    def _installed(cls, value: list[str]) -> list[str]:
+        import importlib.util
+
+        for name in value:
+            if not any(importlib.util.find_spec(module) for module in TRACKERS[name]):
+                hint = "pip install -e '.[trackers]'" if name == "tensorboard" else f"pip install {TRACKERS[name][0]}"
+                raise ValueError(f"{name}: its package is not installed ({hint})")
+        if len(set(value)) != len(value):
+            raise ValueError("a tracker named twice")
+        return value
+
+
 SECTIONS: dict[str, type[Section]] = {
     "task": TaskConfig,
     "prompt": PromptConfig,
@@ -1102,6 +1141,7 @@ SECTIONS: dict[str, type[Section]] = {
     "lora": LoraConfig,
     "launch": LaunchConfig,
     "repro": ReproConfig,
+    "tracking": TrackingConfig,
 }
 
 S = TypeVar("S", bound=Section)

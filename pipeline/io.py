@@ -126,6 +126,30 @@ def atomic_dir(final: Path | str) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 
+@contextlib.contextmanager
+def live_atomic_dir(final: Path | str) -> Iterator[Path]:
+    """`atomic_dir` for a training stage's curves, readable while it trains: `<final>.live` (plots/sft.live) links
+    to the temporary folder dvclive writes into, from the start to the end of the block, so `dvc plots show
+    plots/sft.live/plots/metrics/loss.tsv` shows the run so far; `final` itself still changes only at the end."""
+    final = Path(final)
+    with atomic_dir(final) as tmp:
+        if rank() != 0:  # a throwaway stand-in: nothing to show
+            yield tmp
+            return
+        link = final.with_name(f"{final.name}.live")
+        if link.is_symlink():  # a killed run's, dangling
+            link.unlink()
+        try:
+            link.symlink_to(tmp.name, target_is_directory=True)  # relative: the project may move
+        except OSError:
+            link = None  # a file system without links (or a folder of that name): the curves appear at the end
+        try:
+            yield tmp
+        finally:
+            if link is not None:
+                link.unlink(missing_ok=True)
+
+
 # errno values of a full disk or quota: the write fails part-way, and what was there before must survive.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -259,16 +283,42 @@ def hash_path(path: Path | str) -> str:
     return digest.hexdigest()
 
 
-def library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+# Recorded when this project is not installed as a package (its metadata then names no requirements)
+CORE_LIBRARIES = ("torch", "transformers", "trl", "tokenizers", "datasets", "pyarrow", "prefect", "dvc")
 
-    out = {}
-    for name in ("torch", "transformers", "trl", "tokenizers", "datasets", "pyarrow", "prefect", "dvc"):
+
+def library_versions() -> dict[str, str]:
+    """The version of Python and of every library this project declares (pyproject.toml): its dependencies
+    ("missing" for one not installed) and the extras' that are installed here (deepspeed, tensorboard, vLLM through
+    trl[vllm], ...). Every library a stage imports is one of them (tests/unit/test_dependencies.py)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    try:
+        declared = [Requirement(r) for r in requires("reasoning-pipeline") or ()]
+    except PackageNotFoundError:
+        declared = [Requirement(name) for name in CORE_LIBRARIES]
+    out = {"python": platform.python_version()}
+    for req in declared:
+        name = req.name.lower()
+        if name == "reasoning-pipeline" or name in out:
+            continue
+        if req.marker is not None and 'extra == "dev"' in str(req.marker):
+            continue  # the test runner, no stage's library
+        optional = req.marker is not None and "extra" in str(req.marker)
         try:
             out[name] = version(name)
         except PackageNotFoundError:
-            out[name] = "missing"
-    return out
+            if not optional:
+                out[name] = "missing"
+        if optional and "vllm" in req.extras:  # trl[vllm]: vLLM itself is the library the extra brings
+            try:
+                out["vllm"] = version("vllm")
+            except PackageNotFoundError:
+                pass
+    return dict(sorted(out.items()))
 
 
 def write_manifest(

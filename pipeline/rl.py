@@ -28,12 +28,12 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline import chat, checkpoints, sharding, vllm_server
+from pipeline import chat, checkpoints, sharding, trackers, vllm_server
 from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.flows import phase
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
-from pipeline.training import changed, device_kwargs, dvclive_callback, snapshot, world
+from pipeline.training import changed, device_kwargs, dvclive_callback, snapshot, unmoved, world
 
 RL_COLUMNS = ("id", "prompt", "answer", "answer_type", "step_values", "rationale")
 
@@ -268,8 +268,9 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         replay=cfg.guided_replay and cfg.algorithm == "grpo", replay_max_accuracy=cfg.replay_max_accuracy,
         replay_samples=cfg.replay_samples,
     )
-    kwargs = dict(model=model, reward_funcs=funcs, args=grpo_args(cfg, weights, work_dir), train_dataset=rl_dataset(rows),
-                  processing_class=tokenizer, rollout_func=rollout, callbacks=[dvclive_callback(live_dir)])
+    args = grpo_args(cfg, weights, work_dir, **trackers.arguments(live_dir))
+    kwargs = dict(model=model, reward_funcs=funcs, args=args, train_dataset=rl_dataset(rows), processing_class=tokenizer,
+                  rollout_func=rollout, callbacks=[dvclive_callback(live_dir)])
     trainer = TBRMTrainer(**kwargs, tbrm_beta=cfg.beta) if cfg.algorithm == "tbrm" else GRPOTrainer(**kwargs)
     before = snapshot(model)
     start = time.perf_counter()
@@ -294,12 +295,44 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         "accuracy_reward_first": round(first.get("rewards/accuracy/mean", float("nan")), 4),
         "accuracy_reward_last": round(last.get("rewards/accuracy/mean", float("nan")), 4),
         "kl_last": round(last.get("kl", 0.0), 5),
+        **health(logs),
         **changed(before, model),
         **world(trainer),
     }
     if rollout.replay:
         metrics["guided_replay"] = summed_over_ranks(trainer, rollout.stats)
     return metrics
+
+
+# TRL's per-step GRPO metrics (averaged over each logging interval) -> the summary's names
+HEALTH = {"frac_reward_zero_std": "zero_std_share", "clip_ratio/region_mean": "clip_ratio",
+          "completions/mean_length": "completion_length", "completions/clipped_ratio": "truncated_share"}
+
+
+def health(logs: Sequence[dict]) -> dict[str, float]:
+    """GRPO's health over the run, the mean of its logs: `zero_std_share`, the share of groups whose rewards all
+    agreed (their advantages are zero: nothing to learn from); `clip_ratio`, the share of tokens whose probability
+    ratio the PPO clip cut; `completion_length` in tokens, and `truncated_share`, the rollouts that hit
+    max_completion_length."""
+    out = {}
+    for key, name in HEALTH.items():
+        values = [log[key] for log in logs if key in log]
+        if values:
+            out[name] = round(sum(values) / len(values), 4)
+    return out
+
+
+def no_update_reason(metrics: dict) -> str | None:
+    """Why a GRPO run (`rl_train`'s metrics) learned nothing (None: it did): no weight moved, or every group of
+    every logged step had rewards that all agreed (a mean share of 1: every log's was), so every advantage, and the
+    policy gradient, was zero; weight decay alone may still have moved the weights. TBRM's single rollouts have no
+    groups: only its weights are read."""
+    if metrics["algorithm"] == "grpo" and metrics["steps"] and metrics.get("zero_std_share", 0.0) >= 1.0:
+        return (f"in all {metrics['steps']} step(s) every group's rewards agreed (frac_reward_zero_std 1.0): every "
+                "advantage was zero, so the policy did not learn (rewards that cannot tell rollouts apart, a policy "
+                "that gets all or none of a prompt's rollouts right; guided replay, grpo.guided_replay, helps the "
+                "latter)")
+    return unmoved(metrics)
 
 
 def summed_over_ranks(trainer, counts: Counter) -> dict[str, int]:

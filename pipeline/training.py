@@ -13,10 +13,10 @@ from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
-from pipeline import chat, checkpoints, sharding
+from pipeline import chat, checkpoints, sharding, trackers
 from pipeline.config import TrainConfig
 from pipeline.flows import phase, stage_logger
-from pipeline.io import untimed
+from pipeline.io import StageFailed, untimed
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:
@@ -28,9 +28,10 @@ def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "ratio
     )
 
 
-# TrainingArguments that name where this run happens to write (a stage's temporary folder carries its PID), not how
-# it trains: left out of the arguments dvclive records beside the curves.
-PLACE_ARGS = ("output_dir", "logging_dir", "run_name")
+# TrainingArguments that name where this run happens to write (a stage's temporary folder carries its PID) or which
+# trackers it reports to (the `tracking` section, no stage's DVC param), not how it trains: left out of the arguments
+# dvclive records beside the curves.
+PLACE_ARGS = ("output_dir", "logging_dir", "run_name", "report_to", "project")
 
 
 def dvclive_callback(live_dir: Path):
@@ -89,6 +90,29 @@ def changed(before: dict[str, torch.Tensor], model) -> dict[str, float]:
         total += old.numel()
     return {"weights_changed": round(tensors / max(len(before), 1), 3),
             "elements_changed": round(elements / max(total, 1), 3)}
+
+
+class NoUpdate(StageFailed):
+    """Training ran its steps but moved nothing worth publishing; the message says why."""
+
+
+def require_update(stage: str, reason: str | None, allowed: bool) -> None:
+    """A run whose updates were all zero fails its stage (exit 1, its outputs never put in place) rather than
+    publish its starting model as trained; `allowed` (`<stage>.allow_no_update`) only warns."""
+    if reason is None:
+        return
+    if not allowed:
+        raise NoUpdate(f"{stage}: {reason}; nothing is published (set {stage}.allow_no_update: true to publish the "
+                       "model anyway)")
+    stage_logger().warning("%s: %s; published anyway (%s.allow_no_update)", stage, reason, stage)
+
+
+def unmoved(metrics: dict) -> str | None:
+    """Why a run's updates were zero, read from its weights: steps taken, no tensor changed (None: some did)."""
+    if metrics["steps"] and not metrics["weights_changed"]:
+        return (f"{metrics['steps']} step(s) left the weights as they were (a learning rate of 0, as in the first "
+                "warm-up step, or gradients that were all zero)")
+    return None
 
 
 def world(trainer) -> dict:
@@ -216,7 +240,7 @@ def sft_train(
     before = snapshot(model)
     trainer = sft_trainer_class()(
         model=model,
-        args=trainer_args(cfg, work_dir, **overrides),
+        args=trainer_args(cfg, work_dir, **{**trackers.arguments(live_dir), **overrides}),
         train_dataset=train,
         eval_dataset=val,
         processing_class=tokenizer,
@@ -270,7 +294,7 @@ def logit_distill(
         beta=cfg.logit_beta,
         logging_steps=max(1, cfg.logit_steps // 20),
         save_strategy="no",
-        report_to="none",
+        **trackers.arguments(live_dir),
         dataloader_num_workers=0,
         **device_kwargs(),
     )
@@ -319,7 +343,7 @@ def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live
         max_length=cfg.max_length,
         logging_steps=cfg.logging_steps,
         save_strategy="no",
-        report_to="none",
+        **trackers.arguments(live_dir),
         dataloader_num_workers=0,
         **device_kwargs(),
     )
@@ -432,7 +456,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         weight_decay=cfg.weight_decay,
         logging_steps=cfg.logging_steps,
         save_strategy="no",
-        report_to="none",
+        **trackers.arguments(live_dir),
         dataloader_num_workers=0,
         remove_unused_columns=False,  # the collator needs spans, labels and kinds
         **device_kwargs(),

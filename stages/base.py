@@ -21,7 +21,7 @@ from pipeline.chat import check_models
 from pipeline.config import BaseModelConfig, PromptConfig, SynthesizeConfig, TaskConfig, load_section
 from pipeline.drills import curve_log, drill_until_read
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_json, write_metrics
+from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
 from pipeline.models import base_model, build_student, count_parameters, default_device, save_model
 from pipeline.plots import fill_skipped
 from pipeline.training import snapshot, weights_changed
@@ -45,7 +45,7 @@ def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -
         stage_logger().warning("base: %d of the first %d training rows are longer than the model's %d positions "
                                "(max_position_embeddings; the longest %d tokens): raise base.max_position_embeddings "
                                "or make the tables smaller", over, len(tokens), positions, max(tokens))
-    with atomic_dir(paths.model_dir("base")) as tmp, atomic_dir(paths.live_dir("base")) as live_dir:
+    with atomic_dir(paths.model_dir("base")) as tmp, live_atomic_dir(paths.live_dir("base")) as live_dir:
         if not cfg.model and task_cfg.kind != "cof":
             # The drills read chart tables: a student for a text dataset starts from its init.
             model = build_student(cfg, tokenizer).to(default_device())

@@ -16,10 +16,10 @@ import shutil
 from pipeline import cards, launch, lora, paths
 from pipeline.config import DPOStageConfig, LoraConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_metrics
+from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, load_model
 from pipeline.plots import fill_skipped
-from pipeline.training import dpo_train
+from pipeline.training import dpo_train, require_update, unmoved
 
 PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")], "distill": [paths.split_file("pairs", stage="distill")]}
 PAIR_FILES["both"] = PAIR_FILES["mine"] + PAIR_FILES["distill"]
@@ -30,13 +30,10 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
     pairs = [row for f in files for row in read_rows(f, required=("prompt", "chosen", "rejected", "source"))]
     model, tokenizer = load_model(paths.model_dir("sft"), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "dpo", cfg.seed) if pairs else model
-    with atomic_dir(paths.model_dir("dpo")) as out, atomic_dir(paths.live_dir("dpo")) as live:
+    with atomic_dir(paths.model_dir("dpo")) as out, live_atomic_dir(paths.live_dir("dpo")) as live:
         if pairs:
             metrics = {"source": cfg.pairs, **dpo_train(cfg, model, tokenizer, pairs, out / ".trainer", live)}
-            if metrics["steps"] and not metrics["weights_changed"]:  # e.g. one step, still in its warm-up (lr 0)
-                stage_logger().warning("dpo: %d pairs gave %d step(s), which left the weights as they were (the "
-                                       "learning rate is 0 in the first warm-up step, dpo.warmup_steps %s)",
-                                       len(pairs), metrics["steps"], cfg.warmup_steps)
+            require_update("dpo", unmoved(metrics), cfg.allow_no_update)
         else:  # a policy with no right (or no wrong) rollouts: nothing to prefer; say so, keep the DAG going
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))

@@ -27,9 +27,10 @@ from pipeline.engines import require_vllm
 from pipeline.evaluation import sampled_metrics
 from pipeline.flows import expected_errors, run_stage, stage_logger
 from pipeline.generation import LocalSampler
-from pipeline.io import InputError, atomic_dir, read_rows, write_metrics
+from pipeline.io import InputError, atomic_dir, live_atomic_dir, read_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, load_model
-from pipeline.rl import RL_COLUMNS, rl_train, success_amplification
+from pipeline.rl import RL_COLUMNS, no_update_reason, rl_train, success_amplification
+from pipeline.training import require_update
 
 RL_SET = paths.split_file("rl", stage="mine")
 POOL = paths.split_file("pool", stage="mine")
@@ -58,17 +59,14 @@ def _flow(cfg: GRPOStageConfig, rewards: RewardsConfig, lora_cfg: LoraConfig) ->
     p0 = sum(r["pass_rate"] for r in pool) / max(len(pool), 1)
     model, tokenizer = load_model(paths.model_dir(cfg.init), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "grpo", cfg.seed)
-    with atomic_dir(paths.model_dir("grpo")) as out, atomic_dir(paths.live_dir("grpo")) as live:
+    with atomic_dir(paths.model_dir("grpo")) as out, live_atomic_dir(paths.live_dir("grpo")) as live:
         metrics = rl_train(cfg, rewards, model, tokenizer, rows, out / ".trainer", live)
+        require_update("grpo", no_update_reason(metrics), cfg.allow_no_update)
         # The theory's yardstick: binary-reward GRPO from p0 with KL weight beta converges to p*.
         metrics["p0"] = round(p0, 4)
         metrics["p_star"] = round(success_amplification(p0, cfg.beta), 4) if cfg.beta > 0 else 1.0
         metrics.update(success_after(cfg, model, tokenizer, pool))
         metrics.update(lora.summary(model, lora_cfg))
-        if metrics["steps"] and not metrics["weights_changed"]:  # e.g. max_steps 1: the warm-up's first step, lr 0
-            stage_logger().warning("grpo: %d step(s) left the weights as they were (the learning rate is 0 in the "
-                                   "first warm-up step, grpo.warmup_steps %s); models/grpo is the SFT model unchanged",
-                                   metrics["steps"], cfg.warmup_steps)
         stage_logger().info("grpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)
         lora.save(model, tokenizer, out, lora_cfg, base=paths.model_dir(cfg.init))

@@ -26,7 +26,7 @@ import torch
 from pipeline import cards, paths
 from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, check_task_fit, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_json, write_metrics
+from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
 from pipeline.models import load_tokenizer, save_model
 from pipeline.plots import reliability_chart
 from pipeline.prm import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
@@ -46,7 +46,7 @@ def _flow(cfg: PRMConfig, policy: str, kind: str = "cof") -> None:
     tokenizer = load_tokenizer(policy_dir)
     model = prm_from_policy(policy_dir, cfg.extra_layers)
     out_dir = paths.model_dir("prm")
-    with atomic_dir(out_dir) as out, atomic_dir(paths.live_dir("prm")) as live:
+    with atomic_dir(out_dir) as out, live_atomic_dir(paths.live_dir("prm")) as live:
         metrics = prm_train(cfg, model, tokenizer, rows + contrast + chains, out / ".trainer", live)
         metrics["sources"] = {s: sum(r["source"] == s for r in rows) for s in cfg.sources}
         if chains:

@@ -34,7 +34,7 @@ from pipeline.config import (DistillConfig, LoraConfig, ModelLoadConfig, RankDri
                              TaskConfig, check_packing, load_section)
 from pipeline.drills import curve_log, train_rank_drill
 from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, read_rows, sample_rows, write_metrics
+from pipeline.io import InputError, atomic_dir, live_atomic_dir, read_rows, sample_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, default_device, load_model
 from pipeline.task_data import gold_rows
 from pipeline.training import logit_distill, sft_train
@@ -152,7 +152,7 @@ def _flow(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, task_
         files.append(paths.animate_questions())
     model, tokenizer = load_model(paths.model_dir("base"), dtype=MASTER_DTYPE)
     model = lora.wrap(model, lora_cfg, "sft", cfg.seed)
-    with atomic_dir(paths.model_dir("sft")) as out, atomic_dir(paths.live_dir("sft")) as live:
+    with atomic_dir(paths.model_dir("sft")) as out, live_atomic_dir(paths.live_dir("sft")) as live:
         metrics = run(cut, distill, synth, model, tokenizer, rows, val_rows, out / ".trainer", live,
                       (train_cfg, mixed), task_cfg.kind)
         metrics["train_rows"] = len(rows)

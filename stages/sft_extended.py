@@ -20,7 +20,7 @@ import shutil
 from pipeline import cards, chat, paths
 from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, read_json, read_rows, write_metrics
+from pipeline.io import InputError, atomic_dir, live_atomic_dir, read_json, read_rows, write_metrics
 from pipeline.models import MASTER_DTYPE, load_model, save_model
 from pipeline.task_data import gold_rows
 from pipeline.training import sft_train
@@ -54,7 +54,7 @@ def _flow(cfg: SFTExtendedConfig, sft: SFTConfig) -> None:
     model, tokenizer = load_model(paths.model_dir("sft"), dtype=MASTER_DTYPE)
     per_step = tokens_per_step(tokenizer, rows, sft)
     steps = planned_steps(target, per_step)
-    with atomic_dir(paths.model_dir("sft_extended")) as out, atomic_dir(paths.live_dir("sft_extended")) as live:
+    with atomic_dir(paths.model_dir("sft_extended")) as out, live_atomic_dir(paths.live_dir("sft_extended")) as live:
         metrics = sft_train(
             sft, model, tokenizer, rows, val_rows, out / ".trainer", live, max_steps=steps,
             learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=0.0,

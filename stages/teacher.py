@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline import cards, paths
 from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, is_local, load_section
 from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, read_rows, write_metrics
+from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_metrics
 from pipeline.plots import fill_skipped
 from pipeline.models import MASTER_DTYPE, build_teacher, count_parameters, load_model, load_tokenizer, save_model
 from pipeline.training import sft_train
@@ -43,7 +43,7 @@ def _train_embedded(cfg: TeacherConfig) -> None:
     else:
         tokenizer = load_tokenizer(paths.model_dir("base"))
         model = build_teacher(cfg, tokenizer)
-    with atomic_dir(paths.model_dir("teacher")) as out, atomic_dir(paths.live_dir("teacher")) as live:
+    with atomic_dir(paths.model_dir("teacher")) as out, live_atomic_dir(paths.live_dir("teacher")) as live:
         metrics = sft_train(cfg.train, model, tokenizer, train_rows, val_rows, out / ".trainer", live)
         metrics = {"backend": "embedded", "parameters": count_parameters(model), **metrics}
         stage_logger().info("teacher: %s", metrics)
@@ -63,7 +63,7 @@ def _reference(cfg: TeacherConfig) -> None:
         cards.write_model_manifest(out, "teacher", cfg, inputs=local, teacher_backend=record)
     # The live folder is a declared output; an external teacher has no curves: their header-only stand-ins, so that
     # DVC finds neither an empty output nor a plot it cannot load
-    with atomic_dir(paths.live_dir("teacher")) as live:
+    with live_atomic_dir(paths.live_dir("teacher")) as live:
         fill_skipped(live, "teacher", f"no training: the teacher is {cfg.backend} {cfg.model}")
     metrics = {"backend": cfg.backend}
     stage_logger().info("teacher: %s %s", cfg.backend, cfg.model)

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from pipeline import paths
 from pipeline.config import PRMConfig, load_section
 from pipeline.contrast import contrast_rows
 from pipeline.io import EXAMPLE_COLUMNS, read_rows
-from tests.conftest import TINY_PARAMS, write_params
+from tests.conftest import ROOT, TINY_PARAMS, write_params
 
 
 @pytest.fixture(scope="module")
@@ -394,6 +395,14 @@ def test_grpo_trains_with_guided_replay_and_logs_curves(workspace):
     curves = paths.live_dir("grpo") / "plots" / "metrics"
     assert (curves / "reward.tsv").exists() and (curves / "kl.tsv").exists()
     assert (curves / "rewards" / "accuracy" / "mean.tsv").exists()
+    # every curve dvc.yaml declares for GRPO is written, with its column, one row per logged step
+    declared = [(Path(f), column) for plot in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+                if isinstance(plot, dict) for spec in plot.values() for f, column in spec["y"].items()
+                if f.startswith("plots/grpo/")]
+    assert len(declared) >= 14
+    for path, column in declared:
+        rows = path.read_text().splitlines()
+        assert rows[0].split("\t") == ["step", column] and len(rows) - 1 == p["max_steps"] // p["logging_steps"], path
     before = load_file(paths.model_dir("sft") / "model.safetensors")
     after = load_file(paths.model_dir("grpo") / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -446,12 +455,11 @@ def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
     assert (paths.model_dir("grpo") / "model.safetensors").read_bytes() == saved
 
 
-def test_grpo_says_when_its_steps_left_the_weights_as_they_were(workspace, caplog):
-    """max_steps 1 is the warm-up's first step, at learning rate 0: the stage says so rather than pass the SFT
-    model off as trained (models/grpo and its metrics are put back for the stages below)."""
+def test_grpo_whose_updates_were_all_zero_fails_unless_allowed(workspace, caplog, capsys):
+    """max_steps 1 is the warm-up's first step, at learning rate 0: no weight moves. The stage fails (exit 1) and
+    leaves models/grpo and its metrics as they were, rather than pass the SFT model off as trained;
+    grpo.allow_no_update publishes it with a warning (models/grpo and its metrics are put back for the tests below)."""
     import shutil
-
-    import yaml
 
     from stages import grpo
 
@@ -459,6 +467,10 @@ def test_grpo_says_when_its_steps_left_the_weights_as_they_were(workspace, caplo
     kept = {path: path.read_bytes() for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
     try:
         write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1}})
+        with pytest.raises(SystemExit) as failed:
+            grpo.main()
+        untouched = {path: path.read_bytes() for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
+        write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1, "allow_no_update": True}})
         grpo.main()
         metrics = json.loads(paths.metrics_file("grpo").read_text())
     finally:
@@ -467,8 +479,14 @@ def test_grpo_says_when_its_steps_left_the_weights_as_they_were(workspace, caplo
         paths.model_dir("grpo").mkdir()
         for path, data in kept.items():
             path.write_bytes(data)
+    assert failed.value.code == 1 and untouched == kept
+    assert ("error: grpo: 1 step(s) left the weights as they were (a learning rate of 0, as in the first warm-up "
+            "step, or gradients that were all zero); nothing is published") in capsys.readouterr().err
     assert metrics["steps"] == 1 and metrics["weights_changed"] == 0.0
-    assert "grpo: 1 step(s) left the weights as they were" in caplog.text
+    assert "published anyway (grpo.allow_no_update)" in caplog.text
+    # the run's health is in its metrics: TRL's per-step shares, averaged over the logs
+    assert 0.0 <= metrics["zero_std_share"] <= 1.0 and 0.0 <= metrics["truncated_share"] <= 1.0
+    assert metrics["completion_length"] > 0 and metrics["clip_ratio"] == 0.0  # one step: the ratio is 1, unclipped
 
 
 def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
@@ -536,7 +554,7 @@ def test_sft_extended_steps_by_hand():
     assert planned_steps(1, 100) == 1  # at least one step
 
 
-def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog):
+def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog, capsys):
     from stages import dpo
 
     from pipeline.distill import PAIR_SCHEMA
@@ -553,8 +571,9 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog):
         dpo.main()
         empty = json.loads(paths.metrics_file("dpo").read_text())
         write_rows(pairs_file, pairs[:4], schema=PAIR_SCHEMA)  # one batch: one step, at the warm-up's lr 0
-        dpo.main()
-        one_step = json.loads(paths.metrics_file("dpo").read_text())
+        with pytest.raises(SystemExit) as failed:
+            dpo.main()
+        untouched = json.loads(paths.metrics_file("dpo").read_text())
         write_rows(pairs_file, pairs, schema=PAIR_SCHEMA)
         dpo.main()
         metrics = json.loads(paths.metrics_file("dpo").read_text())
@@ -562,8 +581,9 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog):
         pairs_file.write_bytes(mined)
     assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0, "elements_changed": 0.0,
                      "world_size": 1}  # the SFT model, said so
-    assert one_step["steps"] == 1 and one_step["weights_changed"] == 0.0
-    assert "dpo: 4 pairs gave 1 step(s), which left the weights as they were" in caplog.text
+    # one step that moved nothing fails the stage and publishes nothing (dpo.allow_no_update would)
+    assert failed.value.code == 1 and untouched == empty
+    assert "error: dpo: 1 step(s) left the weights as they were" in capsys.readouterr().err
     assert metrics["pairs"] == 8 and metrics["weights_changed"] == 1.0
     assert metrics["steps"] == 2  # 8 pairs, batch 4, 1 epoch
     assert (paths.live_dir("dpo") / "plots" / "metrics" / "rewards" / "margins.tsv").exists()
