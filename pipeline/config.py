@@ -682,7 +682,7 @@ class PRMDataConfig(Section):
     policy: Literal["base", "teacher", "sft", "sft_extended", "grpo", "dpo"] = Field(
         "sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
-    gold_questions: int = Field(2000, ge=1, description="gold labels: new training questions (why: studies "
+    gold_questions: int = Field(3000, ge=1, description="gold labels: new training questions (why: studies "
                                 "`quick-default`, `quick-default-under-ten-minutes`, `a-teacher-that-teaches`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
     samples: int = Field(4, ge=1, description="gold labels: policy completions per question")
@@ -731,7 +731,7 @@ class PRMConfig(Section):
                                     "`prm-contrast-paths`, `prm-epochs-and-length-grouping`, `quick-default`, "
                                     "`quick-default-under-ten-minutes`)")
     per_device_train_batch_size: int = Field(32, ge=1, description="labelled paths per optimizer step")
-    group_by_length: bool = Field(True, description="batch paths of similar length (transformers' length-grouped "
+    group_by_length: bool = Field(False, description="batch paths of similar length (transformers' length-grouped "
                                   "sampler: less padding); not with pair_weight, whose batches hold a question's "
                                   "paths (measured: study `prm-epochs-and-length-grouping`)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")

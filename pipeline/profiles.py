@@ -16,6 +16,7 @@ the resolution; `python -m pipeline repro --profile NAME` writes it, then runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import textwrap
@@ -256,8 +257,6 @@ HEADER = """\
 def digest(params: dict) -> str:
     """A short hash of params' values, which the header records: a file whose values still have it was not edited
     by hand, whatever its profile resolves to now (a profile file changed by a `git pull`)."""
-    import hashlib
-
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -307,22 +306,26 @@ def _scalar(value: Any) -> str:
     return text.removesuffix("\n...").removesuffix("...").strip()
 
 
-def written_digest(text: str) -> str | None:
-    """The values' digest a params.yaml header records (None: a file written before headers had one)."""
+def _header(text: str) -> list[str]:
+    """The comment lines a params.yaml starts with."""
+    lines = []
     for line in text.splitlines():
         if not line.startswith("#"):
             break
-        if line.startswith("# written values: "):
-            return line.removeprefix("# written values: ").strip()
-    return None
+        lines.append(line)
+    return lines
+
+
+def written_digest(text: str) -> str | None:
+    """The values' digest a params.yaml header records (None: a file written before headers had one)."""
+    return next((line.removeprefix("# written values: ").strip() for line in _header(text)
+                 if line.startswith("# written values: ")), None)
 
 
 def header_of(text: str) -> tuple[str | None, list[str]]:
     """(profile, sets) recorded in a params.yaml header; (None, []) when it has none."""
     profile, sets = None, []
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
+    for line in _header(text):
         if m := _HEADER_PROFILE.match(line):
             profile = m.group(1)
         elif m := _HEADER_SET.match(line):
