@@ -146,7 +146,8 @@ _TEMPORARY = re.compile(r"^\..+?\.(?:tmp-|old-)?(\d+)(?:-[^/]*)?$")
 
 
 def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots", "metrics"), depth: int = 3) -> list[Path]:
-    """Remove the temporary files and folders that killed stages left beside their outputs; the paths removed.
+    """Remove the temporary files and folders that killed stages left beside their outputs, and the `.live` links
+    to them; the paths removed.
 
     A stage that runs again cleans its own (`pipeline.io.atomic_dir`), but DVC may restore a killed stage's
     outputs from its run-cache instead of running it, so the run sweeps them too. Only those whose process is
@@ -154,12 +155,15 @@ def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots",
     """
     import shutil
 
-    removed = []
+    removed, links = [], []
     folders = [Path(r) for r in roots if Path(r).is_dir()]
     for _ in range(depth):
         deeper = []
         for folder in folders:
             for path in folder.iterdir():
+                if path.is_symlink():
+                    links.append(path)
+                    continue
                 match = _TEMPORARY.match(path.name) if path.name.startswith(".") else None
                 if match is None:
                     if path.is_dir() and not path.name.startswith("."):
@@ -170,6 +174,10 @@ def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots",
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
                 removed.append(path)
         folders = deeper
+    for link in links:  # a `.live` link (io.live_atomic_dir) whose stage's folder is gone points nowhere
+        if link.name.endswith(".live") and not link.exists():
+            link.unlink(missing_ok=True)
+            removed.append(link)
     return removed
 
 

@@ -106,6 +106,9 @@ SMALLEST = [
     "mine.pool_size=4", "mine.rollouts=2", "mine.max_new_tokens=24",
     "grpo.max_steps=1", "grpo.prompts_per_step=1", "grpo.num_generations=2", "grpo.max_completion_length=24",
     "grpo.success_prompts=2", "dpo.per_device_train_batch_size=2",
+    # one GRPO step is the warm-up's first (learning rate 0), and DPO's few steps may be too: runs that move no
+    # weight, published here because this test runs every code path, not training
+    "grpo.allow_no_update=true", "dpo.allow_no_update=true",
     "prm_data.gold_questions=4", "prm_data.val_questions=4", "prm_data.max_new_tokens=24",
     "prm.per_device_train_batch_size=4",
     "evaluate.max_samples=4", "evaluate.max_new_tokens=24", "evaluate.k_samples=2",

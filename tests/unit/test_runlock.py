@@ -46,3 +46,15 @@ def test_a_garbled_rwlock_is_left_for_dvc_to_name(tmp_path):
     (tmp_path / "rwlock").write_text('{"read": {')
     assert runlock.release_dead_dvc_locks(tmp_path) == []
     assert (tmp_path / "rwlock").read_text() == '{"read": {'
+
+
+def test_a_killed_stages_temporary_folder_and_its_live_link_are_removed_a_running_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dead = _dead_pid()
+    (tmp_path / "plots" / f".sft.tmp-{dead}-x").mkdir(parents=True)
+    (tmp_path / "plots" / "sft.live").symlink_to(f".sft.tmp-{dead}-x")
+    (tmp_path / "plots" / f".prm.tmp-{os.getpid()}-y").mkdir()  # this process: a stage still writing
+    (tmp_path / "plots" / "prm.live").symlink_to(f".prm.tmp-{os.getpid()}-y")
+    removed = runlock.remove_dead_temporaries(("plots",))
+    assert sorted(p.name for p in removed) == [f".sft.tmp-{dead}-x", "sft.live"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [f".prm.tmp-{os.getpid()}-y", "prm.live"]
