@@ -30,7 +30,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from pipeline import chat, checkpoints, sharding, trackers, vllm_server
 from pipeline.config import GRPOStageConfig, RewardsConfig
-from pipeline.flows import phase
+from pipeline.flows import phase, stage_logger
 from pipeline.generation import decode, pad, pad_id
 from pipeline.rewards import build_rewards, is_correct
 from pipeline.training import changed, device_kwargs, dvclive_callback, snapshot, unmoved, world
@@ -137,7 +137,10 @@ class GuidedRollout:
             self.stats["groups"] += 1
             if accuracy > self.tau + 1e-9:
                 continue
-            guided = tokenizer(row["rationale"], add_special_tokens=False)["input_ids"][: self.max_new_tokens - 1]
+            guided = tokenizer(row["rationale"], add_special_tokens=False)["input_ids"]
+            if len(guided) > self.max_new_tokens - 1:  # cut like a rollout: its answer, at the end, is lost
+                self.stats["replayed_cut"] += 1
+                guided = guided[: self.max_new_tokens - 1]
             for i in range(start + self.g - self.replay_samples, start + self.g):
                 out[i] = guided + [tokenizer.eos_token_id]
                 replaced.add(i)
@@ -301,6 +304,11 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
     }
     if rollout.replay:
         metrics["guided_replay"] = summed_over_ranks(trainer, rollout.stats)
+        if rollout.stats["replayed_cut"] and trainer.accelerator.is_main_process:
+            stage_logger().warning(
+                "grpo: %d gold rationale(s) replayed into failing groups were longer than grpo.max_completion_length "
+                "(%d tokens) and were cut there, losing the answer they end with, so they scored as wrong; raise it",
+                rollout.stats["replayed_cut"], cfg.max_completion_length)
     return metrics
 
 

@@ -91,6 +91,9 @@ def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefe
     repo = make_repo(tmp_path, "repo", [
         "task.kind=dataset", f"task.dataset={{path: {data}, answer_extraction: gsm8k}}", "task.answer_format=gsm8k",
         "task.grader=math_verify", "prm.sources=[mc, mcts]", "rewards.weights={accuracy: 1.0, format: 0.1}",
+        # room for the gold rationales guided replay puts into failing groups (65 to 175 tokens here): cut at the
+        # tiny profile's 32, their answers are lost, every group's rewards agree, and GRPO rightly fails
+        "grpo.max_completion_length=192",
         f"base.model={tmp_path / 'llama'}",
         "prompt={format: chat, system: Solve the problem step by step.}"])
     assert yaml.safe_load((repo / "params.yaml").read_text())["task"]["data_dependency"] == str(data)

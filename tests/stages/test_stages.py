@@ -395,14 +395,19 @@ def test_grpo_trains_with_guided_replay_and_logs_curves(workspace):
     curves = paths.live_dir("grpo") / "plots" / "metrics"
     assert (curves / "reward.tsv").exists() and (curves / "kl.tsv").exists()
     assert (curves / "rewards" / "accuracy" / "mean.tsv").exists()
-    # every curve dvc.yaml declares for GRPO is written, with its column, one row per logged step
-    declared = [(Path(f), column) for plot in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
-                if isinstance(plot, dict) for spec in plot.values() for f, column in spec["y"].items()
+    # every curve dvc.yaml declares for GRPO is written, with its column, one row per logged step; the folder of
+    # reward functions holds each weighted one's
+    plots = [spec for plot in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"] if isinstance(plot, dict)
+             for spec in plot.items()]
+    declared = [(Path(f), column) for _, spec in plots for f, column in spec.get("y", {}).items()
                 if f.startswith("plots/grpo/")]
-    assert len(declared) >= 14
+    assert len(declared) >= 11
     for path, column in declared:
         rows = path.read_text().splitlines()
         assert rows[0].split("\t") == ["step", column] and len(rows) - 1 == p["max_steps"] // p["logging_steps"], path
+    folders = [Path(name) for name, spec in plots if name.startswith("plots/grpo/") and "y" not in spec]
+    assert folders == [curves / "rewards"]
+    assert {f.parent.name for f in folders[0].glob("*/mean.tsv")} == set(TINY_PARAMS["rewards"]["weights"])
     before = load_file(paths.model_dir("sft") / "model.safetensors")
     after = load_file(paths.model_dir("grpo") / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)

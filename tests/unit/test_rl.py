@@ -114,6 +114,22 @@ def test_guided_replay_replaces_the_tail_of_failing_groups_only(tiny):
     assert dict(rollout.stats) == {"groups": 2, "replayed_groups": 1, "replayed_samples": 1}
 
 
+def test_a_gold_rationale_longer_than_a_rollout_is_cut_like_one_and_counted(tiny):
+    """The replayed gold is cut at max_new_tokens like a sampled rollout; its answer, at its end, is then lost, so the
+    group stays all wrong (zero advantages): counted, for the stage's warning."""
+    _, tok = tiny
+    gold = {"A\n": {"answer": "2", "answer_type": "number", "rationale": "Step 1: 1 + 1 = 2.\nAnswer: 2"}}
+    full = len(tok(gold["A\n"]["rationale"], add_special_tokens=False)["input_ids"])
+    rollout = GuidedRollout(gold, num_generations=2, max_new_tokens=full, temperature=1.0, top_p=1.0, seed=0,
+                            replay=True)
+    out, replaced = rollout.guide(["A\n"] * 2, [tok("no", add_special_tokens=False)["input_ids"]] * 2, tok)
+    assert replaced == {1} and len(out[1]) == full and out[1][-1] == tok.eos_token_id  # cut by one token, EOS after
+    assert rollout.stats["replayed_cut"] == 1
+    rollout.max_new_tokens = full + 1  # room for the whole rationale and its EOS: nothing cut
+    rollout.guide(["A\n"] * 2, [tok("no", add_special_tokens=False)["input_ids"]] * 2, tok)
+    assert rollout.stats["replayed_cut"] == 1 and rollout.stats["replayed_groups"] == 2
+
+
 def test_rollout_sampling_is_seeded_per_step(tiny):
     model, tok = tiny
     rollout = GuidedRollout({}, num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=3, replay=False)
