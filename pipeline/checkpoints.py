@@ -66,6 +66,11 @@ LOSS_FILE = "pipeline_loss_sum.json"  # in each checkpoint: the sum of its steps
 EPOCH_RNG_FILE = "pipeline_epoch_rng.pt"  # in each checkpoint: its epoch and the CPU RNG state at that epoch's start
 STATE_FILE = "pipeline_state-{rank}.json"  # in each checkpoint, per rank: the open log window and `train`'s `state`
 
+# TrainingArguments that say where a run writes (a stage's temporary folder carries its PID) or which trackers it
+# reports to (the `tracking` section), not how it trains: left out of the run's key, and of the arguments dvclive
+# records beside the curves (training.py)
+PLACE_ARGS = ("output_dir", "logging_dir", "run_name", "report_to", "project")
+
 _finished: list[Path] = []  # checkpoint folders of runs that trained to the end, removed when the stage completes
 
 
@@ -286,7 +291,7 @@ def run_key(trainer, stage_cfg: Any) -> str:
     digest = hashlib.sha256()
     params = stage_cfg.model_dump(mode="json") if hasattr(stage_cfg, "model_dump") else stage_cfg
     args = {k: v for k, v in trainer.args.to_dict().items()
-            if not k.startswith(("output_dir", "logging_dir", "save_", "run_name", "resume", "report_to", "project"))}
+            if k not in PLACE_ARGS and not k.startswith(("save_", "resume"))}
     digest.update(json.dumps({"params": params, "args": args}, sort_keys=True, default=str).encode())
     data = trainer.train_dataset
     digest.update(str(getattr(data, "_fingerprint", None) or len(data)).encode())

@@ -1090,8 +1090,7 @@ class ReproConfig(Section):
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "trackio": ("trackio",), "mlflow": ("mlflow",),
             "wandb": ("wandb",), "comet_ml": ("comet_ml",), "swanlab": ("swanlab",), "clearml": ("clearml",),
             "neptune": ("neptune",), "azure_ml": ("azureml",), "codecarbon": ("codecarbon",)}
-Tracker = Literal["tensorboard", "trackio", "mlflow", "wandb", "comet_ml", "swanlab", "clearml", "neptune",
-                  "azure_ml", "codecarbon"]
+Tracker = Literal[tuple(TRACKERS)]
 
 
 class TrackingConfig(Section):

@@ -28,10 +28,7 @@ def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "ratio
     )
 
 
-# TrainingArguments that name where this run happens to write (a stage's temporary folder carries its PID) or which
-# trackers it reports to (the `tracking` section, no stage's DVC param), not how it trains: left out of the arguments
-# dvclive records beside the curves.
-PLACE_ARGS = ("output_dir", "logging_dir", "run_name", "report_to", "project")
+PLACE_ARGS = checkpoints.PLACE_ARGS  # not how a run trains: left out of the arguments dvclive records
 
 
 def dvclive_callback(live_dir: Path):
