@@ -41,6 +41,7 @@ run: $(STAMP)
 
 # `make test` stays within 15 minutes on 2 cores; the tests marked slow (more whole-DAG runs) are `make test-slow`.
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests -m "not slow" --durations=30
 
 test-slow: $(STAMP)

@@ -59,7 +59,8 @@ def main() -> None:
     procedural = run(lambda plan, values: draw(plan.layout, Scene.of(plan.table, values))[0])
     replot = run(lambda plan, values: matplotlib_frame(plan.table, values))
     shape = matplotlib_frame(plans[0].table, plans[0].frame_values[0]).shape
-    print(f"{len(plans)} tables x {cfg.frames} frames at {cfg.width} x {cfg.height} (matplotlib array {shape[1]} x {shape[0]})")
+    print(f"{len(plans)} tables x {cfg.frames} frames at {cfg.width} x {cfg.height} "
+          f"(matplotlib array {shape[1]} x {shape[0]})")
     print(f"procedural (PIL raster + camera warp): {procedural:.0f} frames/s")
     print(f"matplotlib re-plot per frame (+ the same warp): {replot:.0f} frames/s")
     print(f"ratio: {procedural / replot:.1f}x")

@@ -161,7 +161,8 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
             "tokens_per_step": round(timed_tokens / max(len(clock.times) - warmup, 1)),
             "seconds_per_step": round(seconds / max(len(clock.times) - warmup, 1), 4),
             "tokens_per_second": round(rate), **mfu(info["parameters"], rate, rates),
-            "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None}
+            "peak_memory_gb": (round(torch.cuda.max_memory_allocated() / 2**30, 1)
+                               if torch.cuda.is_available() else None)}
 
 
 def greedy(model, tokenizer, rows, batch: int, new_tokens: int) -> dict:

@@ -42,8 +42,9 @@ def median_step(cfg: GRPOStageConfig, rewards: RewardsConfig, rows: list[dict], 
     extra = {}
     if rollout != "trl":
         extra["rollout_func"] = GuidedRollout(
-            {r["prompt"]: r for r in rows}, num_generations=cfg.num_generations, max_new_tokens=cfg.max_completion_length,
-            temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, replay=rollout == "replay",
+            {r["prompt"]: r for r in rows}, num_generations=cfg.num_generations,
+            max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+            replay=rollout == "replay",
         )
     timer = StepTimer()
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, weights, out, logging_steps=10**6),

@@ -1,4 +1,5 @@
-"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] [--paths 512] [--repeats 5] [--batch N] [--profile]
+"""python bench/prm_scoring.py [--workloads heldout best_of_n beam mcts] [--questions 100] [--policy sft] \
+[--paths 512] [--repeats 5] [--batch N] [--profile]
 
 PRM scoring throughput, side by side in one process on the same PRM and the same
 candidates:
@@ -166,7 +167,8 @@ def main() -> None:
         n = sum(len(prompts) for prompts, _ in calls)
         lines = sum(len(ls) for _, paths_ in calls for ls in paths_)
         print(f"{name:10} {len(calls):5d} {n:10d} {lines:6d}  {n / fast:11.1f} {fast_read:7d}  "
-              f"{n / slow:10.1f} {slow_read:7d}  {slow / fast:4.2f}x  {worst:9.1e}  {n / whole:15.1f}  {whole / fast:4.2f}x")
+              f"{n / slow:10.1f} {slow_read:7d}  {slow / fast:4.2f}x  {worst:9.1e}  "
+              f"{n / whole:15.1f}  {whole / fast:4.2f}x")
         if args.profile:
             parts = {who: breakdown(scorer, calls, n) for who, scorer in (("batched", batched), ("single", single))}
             for who, ms in parts.items():

@@ -65,7 +65,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--k", type=int, default=None, help="samples per prompt (default: distill.k)")
-    parser.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: distill.batch_size)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="sequences per batch (default: distill.batch_size)")
     cli = parser.parse_args()
     cfg = load_section("distill", DistillConfig)
     if cli.batch_size:

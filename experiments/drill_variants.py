@@ -1,4 +1,5 @@
-"""python -m experiments.drill_variants --seeds 0 1 2 --colour-steps 2000 --variants '{"name": "lr3e-4", "lr": 3e-4}' ...
+"""python -m experiments.drill_variants --seeds 0 1 2 --colour-steps 2000 --variants '{"name": "lr3e-4", "lr": 3e-4}' \
+...
 
 Which numbers drill learns the lookup from most inits? For each seed, stage
 base's colour drill once (its tokenizer, a fresh student at that seed, the
@@ -102,7 +103,8 @@ def main() -> None:
         colour_seconds = round(time.time() - start)
         for variant in variants:
             begin = time.time()
-            result = numbers_drill(copy.deepcopy(model), tokenizer, cfg.drills, synth, copy.deepcopy(state), variant, val)
+            result = numbers_drill(copy.deepcopy(model), tokenizer, cfg.drills, synth, copy.deepcopy(state),
+                                   variant, val)
             print(json.dumps({"seed": seed, "variant": variant.get("name", str(variant)), "colour": colour["exact"],
                               "colour_seconds": colour_seconds, **result,
                               "seconds": round(time.time() - begin)}), flush=True)

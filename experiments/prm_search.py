@@ -1,4 +1,5 @@
-"""python -m experiments.prm_search [--models sft grpo] [--split val] [--questions 600] [--fresh-seed 3] [--iterations 12,24] [--beam]
+"""python -m experiments.prm_search [--models sft grpo] [--split val] [--questions 600] [--fresh-seed 3] \
+[--iterations 12,24] [--beam]
 
 Does PRM-guided search hold beyond the evaluated test split? Runs greedy
 decoding, PRM-MCTS (pipeline.search.prm_mcts, at each `--iterations`, with

@@ -1,4 +1,5 @@
-"""python -m experiments.prm_selection [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8] [--fresh-seed 2]
+"""python -m experiments.prm_selection [--models sft] [--split val] [--questions 500] [--n 8] [--temperatures 0.5,0.8] \
+[--fresh-seed 2]
 
 How should the PRM pick among N samples, and from which samples? Side by side
 on the same questions, the same samples and the same PRM (models/prm), for
@@ -21,8 +22,8 @@ Then best-of-`--n` by the mean minus greedy per temperature, with its paired
 standard error. `--by-type` also counts, per task type (T 0.8, N = `--n`, by
 the mean), greedy, best-of-N, pass@N and, among the questions whose samples
 mix right and wrong answers, how often best-of-N picks right and how often a
-random pick would: where the gain lies and where the PRM misses. Choose on `--split val`, report on test. Needs the models and models/prm
-(run `make run` first). Prints a line per temperature and N for each policy;
+random pick would: where the gain lies and where the PRM misses. Choose on `--split val`, report on test.
+Needs the models and models/prm (run `make run` first). Prints a line per temperature and N for each policy;
 `--out` also writes them as JSON;
 `--dump` every candidate's grade and scores, to try other rules offline.
 `--samples DIR` keeps each policy's completions in DIR/<model>.json and reads
@@ -218,7 +219,8 @@ def main() -> None:
     parser.add_argument("--prm", type=Path, default=None, help="default: models/prm")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here as JSON")
     parser.add_argument("--by-type", action="store_true",
-                        help="also count, per task type at T 0.8 and N = --n by the mean, where best-of-N gains and misses")
+                        help="also count, per task type at T 0.8 and N = --n by the mean, where best-of-N gains "
+                             "and misses")
     parser.add_argument("--samples", type=Path, default=None,
                         help="a folder: each policy's completions are read from <model>.json there when an earlier "
                              "run of the same questions wrote them, else drawn and written")

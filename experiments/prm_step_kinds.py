@@ -32,7 +32,8 @@ def main() -> None:
         for kind, pairs in sorted(by_kind.items(), key=lambda item: -len(item[1])):
             area = auroc([y for y, _ in pairs], [s for _, s in pairs])
             right = sum(y >= 0.5 for y, _ in pairs) / len(pairs)
-            print(f"  {kind:28s} lines {len(pairs):5d}  right {right:4.0%}  AUROC {'-' if area is None else round(area, 3)}")
+            print(f"  {kind:28s} lines {len(pairs):5d}  right {right:4.0%}  "
+                  f"AUROC {'-' if area is None else round(area, 3)}")
 
 
 if __name__ == "__main__":

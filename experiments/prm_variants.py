@@ -18,7 +18,8 @@ Each variant trains on what the `prm` stage would under its params (labelled pat
   default `sft.num_train_epochs`; "sft": {other sft params}) instead of from the policy;
 - "policy": DIR trains the PRM from the model in DIR (one with the policy's tokenizer, e.g. one that
   `python -m experiments.rank_probe --save DIR` drilled otherwise) instead of from `prm_data.policy`.
-`--save DIR` keeps each PRM (DIR/prm-i). Nothing under models/ or data/ changes. Needs data/prm_data and the policy (run `make run`).
+`--save DIR` keeps each PRM (DIR/prm-i). Nothing under models/ or data/ changes. Needs data/prm_data and the policy
+(run `make run`).
 """
 
 from __future__ import annotations
@@ -155,9 +156,12 @@ def main() -> None:
     parser.add_argument("variants", nargs="+", help="JSON objects of overrides")
     parser.add_argument("--questions", type=int, default=200, help="test questions for best-of-N")
     parser.add_argument("--perturbed-questions", type=int, default=3000)
-    parser.add_argument("--limit", type=int, default=None, help="the first N training paths per variant, prm_data's before any contrast or perturbed ones, and the first N gold chains (smoke runs)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="the first N training paths per variant, prm_data's before any contrast or perturbed "
+                             "ones, and the first N gold chains (smoke runs)")
     parser.add_argument("--save", type=Path, default=None,
-                        help="keep variant i's PRM in SAVE/prm-i (compare them with `python -m experiments.prm_selection --prm`)")
+                        help="keep variant i's PRM in SAVE/prm-i (compare them with "
+                             "`python -m experiments.prm_selection --prm`)")
     parser.add_argument("--out", type=Path, default=None, help="also append one JSON line per variant to this file")
     args = parser.parse_args()
     no_dvclive()

@@ -1,4 +1,5 @@
-"""python -m experiments.rank_probe [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--replay 8] [--lr 1e-3] [--threads 1] [--save DIR]
+"""python -m experiments.rank_probe [--init models/sft] [--curriculum 1200,1200] [--steps 7200] [--replay 8] \
+[--lr 1e-3] [--threads 1] [--save DIR]
 
 Can the student's architecture learn the ranking step that best-of-N and the
 PRM miss most (docs/experiments/best-of-n-on-500-questions.md)? Runs the `sft` stage's
@@ -7,8 +8,8 @@ ranking drill (its last phase, `sft.rank_drill`; pipeline/drills.train_rank_dril
 on new random tables) on a saved model (`--init`: the drilled `models/base`, or
 `models/sft`, which has had the stage's drill, or an undrilled SFT student, e.g.
 `sft.rank_drill` with no steps in a scratch copy of the repo) with the
-curriculum, step count and learning rate given, outside the DAG. `--curriculum 1200,1200`: 1,200 steps asking the largest
-alone, 1,200 asking largest and smallest, then `--steps` on every rank.
+curriculum, step count and learning rate given, outside the DAG. `--curriculum 1200,1200`: 1,200 steps asking the
+largest alone, 1,200 asking largest and smallest, then `--steps` on every rank.
 `--replay 8`: 8 gold rows of data/synthesize/train.parquet in each batch.
 Prints the loss and the greedy exact match on the held-out tables five times
 a phase (a key of the list at random gets about 1/4), then the drill's
@@ -46,15 +47,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     synth = load_section("synthesize", SynthesizeConfig)
-    cfg = RankDrillConfig(seed=args.seed, steps=args.steps, curriculum=[int(n) for n in args.curriculum.split(",") if n],
-                          learning_rate=args.lr, batch_size=args.batch_size, replay=args.replay, val_tables=args.val)
+    cfg = RankDrillConfig(seed=args.seed, steps=args.steps,
+                          curriculum=[int(n) for n in args.curriculum.split(",") if n], learning_rate=args.lr,
+                          batch_size=args.batch_size, replay=args.replay, val_tables=args.val)
     gold = read_rows(paths.split_file("train"), required=("prompt", "rationale")) if args.replay else []
     model, tokenizer = load_model(args.init)
 
     def log(name: str, step: int, value: float) -> None:
         print(json.dumps({"step": step, name: round(value, 4)}), flush=True)
 
-    print(json.dumps({"init": str(args.init)} | train_rank_drill(model, tokenizer, cfg, synth, log, replay=gold)), flush=True)
+    print(json.dumps({"init": str(args.init)} | train_rank_drill(model, tokenizer, cfg, synth, log, replay=gold)),
+          flush=True)
     if args.save:
         save_model(model, tokenizer, args.save)
 

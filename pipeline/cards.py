@@ -50,8 +50,9 @@ def card(folder: Path, manifest: dict) -> str:
     """The model card of `folder` from its manifest and the config and tokenizer files beside it."""
     stage = manifest["stage"]
     name = paths.model_dir(stage)
-    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"tags: [reasoning-pipeline, {stage}]",
-             "---", "", f"# {name}", "", WHAT.get(stage, f"The output of stage `{stage}`."), ""]
+    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
+             f"tags: [reasoning-pipeline, {stage}]", "---", "", f"# {name}", "",
+             WHAT.get(stage, f"The output of stage `{stage}`."), ""]
     reference = manifest.get("teacher_backend")
     if reference:
         lines += [f"No weights here: a reference to the {reference['backend']} model `{reference.get('model')}`"

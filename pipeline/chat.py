@@ -68,7 +68,8 @@ def messages(prompt: str) -> list[dict]:
     (`with_shots`), then the user's question."""
     system = active().system
     examples = [{"role": role, "content": text} for q, a in _shots for role, text in (("user", q), ("assistant", a))]
-    return ([{"role": "system", "content": system}] if system else []) + examples + [{"role": "user", "content": prompt}]
+    return (([{"role": "system", "content": system}] if system else []) + examples
+            + [{"role": "user", "content": prompt}])
 
 
 def render(tokenizer, prompt: str) -> str:

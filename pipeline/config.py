@@ -260,7 +260,8 @@ class BaseModelConfig(Section):
 
     seed: int = Field(0, ge=0, description="RNG seed for weight init (every init tried learns the table reading in "
                       "drills that run until they read it: study `drills-until-they-read`)")
-    model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the tiny default")
+    model: str | None = Field(None, description="Hugging Face model path or id to load instead of building the "
+                              "tiny default")
     model_dependency: str = Field(
         NO_MODEL_DEPENDENCY, min_length=1, description="the folder DVC watches for `base`: `model` when it is a local "
         "folder outside models/ and data/ (written by `python -m pipeline params`), else " + NO_MODEL_DEPENDENCY)
@@ -302,7 +303,8 @@ class TrainConfig(Section):
     max_steps: int = Field(-1, ge=-1, description="stop after this many optimizer steps (-1: use epochs)")
     per_device_train_batch_size: int = Field(16, ge=1, description="sequences per optimizer step")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    warmup_steps: float = Field(0.03, ge=0, description="linear warm-up: a share of all steps when < 1, else a step count")
+    warmup_steps: float = Field(0.03, ge=0, description="linear warm-up: a share of all steps when < 1, else a "
+                                "step count")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     max_length: int = Field(1024, ge=16, description="truncate prompt+completion to this many tokens")
@@ -540,7 +542,8 @@ class RewardsConfig(Section):
     repetition_ngram: int = Field(3, ge=1, description="repetition: word n-gram size")
     repetition_max_penalty: float = Field(-1.0, le=0, description="repetition: reward when every n-gram repeats")
     overlong_max_len: int = Field(160, ge=2, description="overlong: L, the hard length limit in tokens")
-    overlong_buffer: int = Field(32, ge=1, description="overlong: c, the soft zone before L where the penalty ramps to -1")
+    overlong_buffer: int = Field(32, ge=1, description="overlong: c, the soft zone before L where the penalty "
+                                 "ramps to -1")
     rule_step_weight: float = Field(
         0.5, ge=0, description="rule_shaping: total weight of the intermediate-step criteria (split evenly over steps)"
     )
@@ -571,7 +574,8 @@ class MineConfig(Section):
     repeat_hard: int = Field(2, ge=0, description="copies of a hard prompt (oversampling)")
     repeat_easy: int = Field(1, ge=0, description="copies of a prompt above the hard window but not always solved")
     repeat_solved: int = Field(0, ge=0, description="copies of a prompt every rollout solved (0: exclude, no signal)")
-    max_pairs_per_prompt: int = Field(1, ge=1, description="on-policy preference pairs (correct vs incorrect) per prompt")
+    max_pairs_per_prompt: int = Field(1, ge=1, description="on-policy preference pairs (correct vs incorrect) "
+                                      "per prompt")
 
     @model_validator(mode="after")
     def _window(self) -> "MineConfig":
@@ -591,7 +595,8 @@ class GRPOStageConfig(Section):
         "sft", description="the policy RL starts from (and its KL reference): models/sft, or models/base as loaded "
         "(DeepSeek-R1-Zero's recipe: RL straight from the pretrained or instruct model, no SFT)")
     algorithm: Literal["grpo", "tbrm"] = Field(
-        "grpo", description="grpo: group-relative advantages over G rollouts; tbrm: trajectory Bellman residual, one rollout"
+        "grpo", description="grpo: group-relative advantages over G rollouts; tbrm: trajectory Bellman residual, "
+        "one rollout"
     )
     learning_rate: float = Field(1e-4, gt=0, lt=1, description="peak learning rate")
     lr_scheduler_type: Scheduler = Field("constant_with_warmup", description="learning-rate schedule")
@@ -599,7 +604,8 @@ class GRPOStageConfig(Section):
     max_steps: int = Field(20, ge=1, description="optimizer steps")
     prompts_per_step: int = Field(8, ge=1, description="prompts per optimizer step (each with G rollouts)")
     num_generations: int = Field(8, ge=2, description="G: rollouts per prompt (grpo); tbrm uses one")
-    beta: float = Field(0.04, ge=0, description="KL weight to the SFT reference (grpo), regularization temperature (tbrm)")
+    beta: float = Field(0.04, ge=0, description="KL weight to the SFT reference (grpo), regularization temperature "
+                        "(tbrm)")
     epsilon: float = Field(0.2, gt=0, description="PPO-style ratio clip")
     temperature: float = Field(0.8, gt=0, description="rollout sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="rollout nucleus sampling")
@@ -665,7 +671,8 @@ class DPOStageConfig(Section):
 
 
 class SFTExtendedConfig(Section):
-    """`sft_extended`: the compute-matched baseline. SFT continues from models/sft for GRPO's compute (token passes, not seconds: the same on every machine)."""
+    """`sft_extended`: the compute-matched baseline. SFT continues from models/sft for GRPO's compute (token passes,
+    not seconds: the same on every machine)."""
 
     learning_rate: float = Field(3e-4, gt=0, lt=1, description="peak learning rate of the continued SFT")
     lr_scheduler_type: Scheduler = Field("cosine", description="learning-rate schedule")
@@ -681,7 +688,8 @@ class PRMDataConfig(Section):
     # a model stage upstream of prm_data (models/<policy> is its DVC dependency): not prm itself, which it feeds
     policy: Literal["base", "teacher", "sft", "sft_extended", "grpo", "dpo"] = Field(
         "sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
-    question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not synthesize.seed)")
+    question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not "
+                               "synthesize.seed)")
     gold_questions: int = Field(3000, ge=1, description="gold labels: new training questions (why: studies "
                                 "`quick-default`, `quick-default-under-ten-minutes`, `a-teacher-that-teaches`)")
     val_questions: int = Field(200, ge=0, description="gold labels on validation questions: the PRM's held-out set")
@@ -748,7 +756,8 @@ class DecodingConfig(Section):
     same temperature.
     """
 
-    strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts"]] = Field(
+    strategies: list[Literal["greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam",
+                             "prm_mcts"]] = Field(
         ["greedy", "maj_at_n", "prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts"],
         description="strategies reported"
     )
@@ -791,7 +800,8 @@ EditOp = Literal["highlight", "recolour", "remove", "annotate", "change_value"]
 class AnimateConfig(Section):
     """`animate`: chart images to paired source/target video-edit clips, filters and temporal questions."""
 
-    seed: int = Field(0, ge=0, description="RNG seed; with the procedural backend the same seed gives byte-identical clips")
+    seed: int = Field(0, ge=0, description="RNG seed; with the procedural backend the same seed gives byte-identical "
+                      "clips")
     backend: Literal["procedural", "diffusers"] = Field(
         "procedural", description="procedural: camera and data dynamics redrawn on CPU; diffusers: an image-to-video "
         "pipeline (Stable Video Diffusion, CogVideoX-I2V) from model_path, on GPU (pip install -e '.[video]')",
@@ -805,7 +815,8 @@ class AnimateConfig(Section):
     fps: int = Field(8, ge=1, le=60, description="frames per second of the MP4 files")
     width: int = Field(320, ge=64, description="frame width in pixels (even: H.264 4:2:0)")
     height: int = Field(240, ge=64, description="frame height in pixels (even)")
-    crf: int = Field(18, ge=0, le=51, description="x264 constant rate factor (lower: larger files, closer to the frames)")
+    crf: int = Field(18, ge=0, le=51, description="x264 constant rate factor (lower: larger files, closer "
+                     "to the frames)")
     edit_ops: dict[EditOp, float] = Field(
         {"highlight": 1.0, "recolour": 1.0, "remove": 1.0, "annotate": 1.0, "change_value": 1.0},
         min_length=1, description="edit operation -> sampling weight",
@@ -813,16 +824,25 @@ class AnimateConfig(Section):
     max_zoom: float = Field(0.15, ge=0, le=1, description="camera: end zoom drawn from [1 - max/2, 1 + max]")
     max_pan: float = Field(0.06, ge=0, le=0.5, description="camera: end pan, a share of the width / height")
     max_rotation: float = Field(3.0, ge=0, le=45, description="camera: end rotation in degrees, either way")
-    value_drift: float = Field(0.5, ge=0, le=2, description="data dynamics: each value moves by up to this share of the table's largest value")
-    mask_margin: int = Field(3, ge=0, description="pixels added around each edited mark's box (anti-aliasing, outlines)")
-    min_temporal_ssim: float = Field(0.6, ge=-1, le=1, description="filter: lowest SSIM allowed between consecutive frames")
-    min_motion: float = Field(1.0, ge=0, description="filter: least mean change of 2x2 block-averaged luma between consecutive frames (0-255)")
-    min_preserved_psnr: float = Field(35.0, ge=0, description="filter: least PSNR (dB) between source and target outside the edit")
-    min_preserved_ssim: float = Field(0.98, ge=-1, le=1, description="filter: least SSIM between source and target outside the edit")
-    max_edited_area: float = Field(0.6, gt=0, le=1, description="filter: largest share of the frame the edit mask may cover")
+    value_drift: float = Field(0.5, ge=0, le=2, description="data dynamics: each value moves by up to this share of "
+                               "the table's largest value")
+    mask_margin: int = Field(3, ge=0, description="pixels added around each edited mark's box (anti-aliasing, "
+                             "outlines)")
+    min_temporal_ssim: float = Field(0.6, ge=-1, le=1, description="filter: lowest SSIM allowed between "
+                                     "consecutive frames")
+    min_motion: float = Field(1.0, ge=0, description="filter: least mean change of 2x2 block-averaged luma between "
+                              "consecutive frames (0-255)")
+    min_preserved_psnr: float = Field(35.0, ge=0, description="filter: least PSNR (dB) between source and target "
+                                      "outside the edit")
+    min_preserved_ssim: float = Field(0.98, ge=-1, le=1, description="filter: least SSIM between source and target "
+                                      "outside the edit")
+    max_edited_area: float = Field(0.6, gt=0, le=1, description="filter: largest share of the frame the edit mask "
+                                   "may cover")
     questions_per_sample: int = Field(2, ge=0, le=4, description="temporal questions per kept sample (distinct chains)")
-    question_frames: int = Field(5, ge=2, description="frames listed in a temporal question (evenly spaced, first and last)")
-    contact_sheet: int = Field(6, ge=0, description="kept samples shown in the contact sheet (0: none); the first one also as a GIF")
+    question_frames: int = Field(5, ge=2, description="frames listed in a temporal question (evenly spaced, first "
+                                 "and last)")
+    contact_sheet: int = Field(6, ge=0, description="kept samples shown in the contact sheet (0: none); the first one "
+                               "also as a GIF")
 
     @model_validator(mode="after")
     def _shape(self) -> "AnimateConfig":
@@ -1072,7 +1092,8 @@ class LaunchConfig(Section):
 
 
 class ReproConfig(Section):
-    """`repro`: how runs execute. No stage declares this section among its DVC params, so changing it re-runs nothing (`dvc repro -f -s <stage>` does)."""
+    """`repro`: how runs execute. No stage declares this section among its DVC params, so changing it re-runs nothing
+    (`dvc repro -f -s <stage>` does)."""
 
     lock_timeout: float = Field(
         0.0, ge=0, description="seconds a second `python -m pipeline repro` waits for the running one before it "
@@ -1094,7 +1115,10 @@ Tracker = Literal[tuple(TRACKERS)]
 
 
 class TrackingConfig(Section):
-    """`tracking`: experiment trackers beside dvclive, for every TRL trainer (teacher, sft, sft_extended, grpo, dpo, prm; the table drills log to dvclive only). No stage declares this section among its DVC params: changing it re-runs nothing. Accounts, servers and offline modes come from each tracker's own environment variables (WANDB_MODE=offline, MLFLOW_TRACKING_URI, TRACKIO_DIR, their API keys), never from here."""
+    """`tracking`: experiment trackers beside dvclive, for every TRL trainer (teacher, sft, sft_extended, grpo, dpo,
+    prm; the table drills log to dvclive only). No stage declares this section among its DVC params: changing it
+    re-runs nothing. Accounts, servers and offline modes come from each tracker's own environment variables
+    (WANDB_MODE=offline, MLFLOW_TRACKING_URI, TRACKIO_DIR, their API keys), never from here."""
 
     report_to: list[Tracker] = Field(
         default_factory=list, description="trackers every trainer reports to (transformers' integrations: "
@@ -1193,7 +1217,8 @@ def missing_keys(model: type[Section], raw: dict, prefix: str) -> list[str]:
     for key, field in model.model_fields.items():
         if key not in raw:
             out.append(f"{prefix}{key}")
-        elif isinstance(field.annotation, type) and issubclass(field.annotation, Section) and isinstance(raw[key], dict):
+        elif (isinstance(field.annotation, type) and issubclass(field.annotation, Section)
+              and isinstance(raw[key], dict)):
             out += missing_keys(field.annotation, raw[key], f"{prefix}{key}.")
     return out
 
@@ -1232,7 +1257,8 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
-    sections = {name: parse_section(name, model, data.get(name), path, complete=True) for name, model in SECTIONS.items()}
+    sections = {name: parse_section(name, model, data.get(name), path, complete=True)
+                for name, model in SECTIONS.items()}
     check_task_fit(sections["task"], sections["prm"], path, sections["rewards"])
     from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
 

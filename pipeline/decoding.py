@@ -279,7 +279,8 @@ def faithfulness_probes(rows: Sequence[dict], kind: str = "order") -> list[tuple
 
 
 def inconsistency(answers: Sequence[tuple[str | None, str | None]], kind: str = "order") -> dict:
-    """The share of answered pairs whose two answers contradict each other; a pair without two yes/no answers is unanswered.
+    """The share of answered pairs whose two answers contradict each other; a pair without two yes/no answers is
+    unanswered.
 
     `order`: answering both orders alike (Yes/Yes or No/No) contradicts a strict comparison.
     `trend`: only Yes/Yes does (3 or more values cannot both rise and fall strictly; No/No is consistent).

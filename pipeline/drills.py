@@ -202,7 +202,8 @@ def train_drills(model, tokenizer, cfg: DrillConfig, synth: SynthesizeConfig, lo
     check_rng = random.Random(cfg.seed + 1)  # drawn only when checked: the training stream is the same either way
     checked = cfg.check_tables if cfg.check_every else 0
     check_tables = [table_row(random_table(check_rng, synth)) for _ in range(checked)]
-    check = {values: [drill("lookup", row, check_rng, values) for row in check_tables] for values in ("colour", "chart")}
+    check = {values: [drill("lookup", row, check_rng, values) for row in check_tables]
+             for values in ("colour", "chart")}
     pad = pad_id(tokenizer)
     log = log or (lambda name, step, value: None)
     metrics = {}
@@ -305,7 +306,8 @@ def gold_pair(tokenizer, row: dict) -> Pair:
 
 def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeConfig, log=None,
                      replay: Sequence[dict] = ()) -> dict:
-    """The ranking drill on new seeded random tables: `cfg.curriculum` phases, then `cfg.steps` on every rank; its metrics.
+    """The ranking drill on new seeded random tables: `cfg.curriculum` phases, then `cfg.steps` on every rank; its
+    metrics.
 
     Phase i of the curriculum asks only the first i + 1 ranks of RANKS (largest alone, then
     largest and smallest, ...), each phase its own warm-up and cosine decay: asked every rank
@@ -325,7 +327,8 @@ def train_rank_drill(model, tokenizer, cfg: RankDrillConfig, synth: SynthesizeCo
     log = log or (lambda name, step, value: None)
     if cfg.replay and len(replay) < cfg.replay:
         raise ValueError(f"sft.rank_drill.replay: {cfg.replay} gold rows a batch, but {len(replay)} given")
-    rng, replay_rng, pool = random.Random(cfg.seed), random.Random(cfg.seed + 1), list(replay)  # listed once, not per step
+    # listed once, not per step
+    rng, replay_rng, pool = random.Random(cfg.seed), random.Random(cfg.seed + 1), list(replay)
     val = [rank_drill(rng, synth) for _ in range(cfg.val_tables)]
     before, start, losses = rank_exact(model, tokenizer, val), time.time(), []
     phases = [(tuple(RANKS)[: i + 1], n) for i, n in enumerate(cfg.curriculum)] + [(tuple(RANKS), cfg.steps)]

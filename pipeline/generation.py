@@ -271,6 +271,7 @@ class LocalSampler:
         max_new_tokens: int = 192, seed: int = 0,
     ) -> list[list[Generation]]:
         return generate(
-            self.model, self.tokenizer, [chat.render(self.tokenizer, p) for p in prompts], max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0, temperature=temperature,
-            top_p=top_p, num_return_sequences=n, seed=seed,
+            self.model, self.tokenizer, [chat.render(self.tokenizer, p) for p in prompts],
+            max_new_tokens=max_new_tokens, batch_size=self.batch_size, do_sample=temperature > 0,
+            temperature=temperature, top_p=top_p, num_return_sequences=n, seed=seed,
         )

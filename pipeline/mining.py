@@ -54,8 +54,8 @@ def rl_row(res: QuestionResult, name: str) -> dict:
         "id": row["id"], "prompt": row["prompt"], "answer": row["answer"], "answer_type": row["answer_type"],
         # A dataset's steps are prose without values: no step_values, so the step rewards leave its rows out.
         "step_values": [step["value"] for step in row["steps"] or [] if step["value"]], "rationale": row["rationale"],
-        "task_type": row.get("task_type"), "chain_length": int(row.get("chain_length") or 0), "pass_rate": res.pass_rate,
-        "bucket": name,
+        "task_type": row.get("task_type"), "chain_length": int(row.get("chain_length") or 0),
+        "pass_rate": res.pass_rate, "bucket": name,
     }
 
 

@@ -245,8 +245,8 @@ def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool
 
     `profile` and `sets` rewrite params.yaml first (as `python -m pipeline repro --profile P -S k=v`);
     `gate` holds `MODEL[:MARGIN]` specs (`python -m pipeline report --fail-on-regression`): a version
-    that fails one is neither recorded nor pushed, and the run ends Failed saying why (`GATE_STOPPED`). `record` commits the
-    version (dvc.lock, params.yaml, metrics/). Scheduled runs take these from prefect.yaml.
+    that fails one is neither recorded nor pushed, and the run ends Failed saying why (`GATE_STOPPED`). `record` commits
+    the version (dvc.lock, params.yaml, metrics/). Scheduled runs take these from prefect.yaml.
     """
     if not Path("dvc.yaml").exists():  # a deployment's working directory that is not this repository
         raise RuntimeError(f"{Path.cwd()}: no dvc.yaml here; run the flow from the repository's root")

@@ -168,7 +168,8 @@ def load_gguf_tokenizer(path: str | Path):
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except ImportError as exc:  # the gguf package, a dependency of this project, missing from the environment
-        raise InputError(f"{path}: reading a GGUF file needs the gguf package (pip install 'gguf>=0.10'): {exc}") from exc
+        raise InputError(f"{path}: reading a GGUF file needs the gguf package "
+                         f"(pip install 'gguf>=0.10'): {exc}") from exc
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"{path}: transformers cannot read this GGUF file's tokenizer: {exc}") from exc
 

@@ -100,7 +100,8 @@ def line_labels(lines: Sequence[str], row: dict) -> list[float]:
             labels.append(float(grade(extract_answer(line), row["answer"], row["answer_type"])))
             continue
         value = step_value(line)
-        ok = k < len(gold_values) and value is not None and grade(value, gold_values[k], infer_answer_type(gold_values[k]))
+        ok = (k < len(gold_values) and value is not None
+              and grade(value, gold_values[k], infer_answer_type(gold_values[k])))
         labels.append(float(ok))
         k += 1
     return labels
@@ -176,7 +177,8 @@ def encode(tokenizer, prompt: str, lines: Sequence[str]) -> tuple[list[int], lis
     return encode_many(tokenizer, [prompt], [lines])[0]
 
 
-def encode_many(tokenizer, prompts: Sequence[str], lines: Sequence[Sequence[str]]) -> list[tuple[list[int], list[Span]]]:
+def encode_many(tokenizer, prompts: Sequence[str],
+                lines: Sequence[Sequence[str]]) -> list[tuple[list[int], list[Span]]]:
     """`encode` for many pairs with one call to the (fast, Rust) tokenizer: (ids, line spans) per pair.
 
     A line's span is [first token, last token + 1) of the tokens holding its characters; an empty line
@@ -257,7 +259,8 @@ def token_verdicts(states: torch.Tensor, input_ids: torch.Tensor, head: torch.nn
     return F.pad(F.logsigmoid(picked), (1, 0))
 
 
-def line_log_probs(verdicts: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def line_log_probs(verdicts: torch.Tensor, starts: torch.Tensor,
+                   ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log P(line right) = the sum of its tokens' log verdicts, validity mask) per scored line.
 
     verdicts [B, T] (`token_verdicts`); starts and ends [B, S], -1 for a padding slot. A sum under a mask,
@@ -269,7 +272,8 @@ def line_log_probs(verdicts: torch.Tensor, starts: torch.Tensor, ends: torch.Ten
 
 
 def prm_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-             labels: torch.Tensor, kinds: torch.Tensor, chain_weight: float = 0.0, questions: torch.Tensor | None = None,
+             labels: torch.Tensor, kinds: torch.Tensor, chain_weight: float = 0.0,
+             questions: torch.Tensor | None = None,
              outcomes: torch.Tensor | None = None, pair_weight: float = 0.0) -> torch.Tensor:
     """Mean over scored lines: BCE on 0/1 gold labels, MSE between P(line right) and log_boost on MCTS labels;
     plus `chain_weight` x next-token cross-entropy on the lines of the batch's gold chains (kind `chain`);
@@ -285,7 +289,8 @@ def prm_loss(logits: torch.Tensor, input_ids: torch.Tensor, starts: torch.Tensor
     return loss
 
 
-def pair_loss(log_p: torch.Tensor, valid: torch.Tensor, questions: torch.Tensor, outcomes: torch.Tensor) -> torch.Tensor:
+def pair_loss(log_p: torch.Tensor, valid: torch.Tensor, questions: torch.Tensor,
+              outcomes: torch.Tensor) -> torch.Tensor:
     """Within-question ranking, what best-of-N asks of the PRM: the mean over (right, wrong) pairs of paths of one
     question of -log sigmoid(logit m_right - logit m_wrong), m a path's mean line probability (evaluate's `mean`).
 
@@ -440,7 +445,8 @@ class PRMScorer:
         first: dict[tuple[str, tuple[str, ...]], int] = {}
         same = [first.setdefault((p, tuple(ls)), i) for i, (p, ls) in enumerate(zip(prompts, lines))]
         unique = sorted(first.values())
-        encoded = dict(zip(unique, encode_many(self.tokenizer, [prompts[i] for i in unique], [lines[i] for i in unique])))
+        encoded = dict(zip(unique, encode_many(self.tokenizer, [prompts[i] for i in unique],
+                                               [lines[i] for i in unique])))
         out: dict[int, list[float]] = {i: [] for i in unique}
         groups: dict[str, list[int]] = {}
         for i in unique:

@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pipeline.config import (SECTIONS, ConfigError, Section, data_dependency_for, params_path, parse_section, read_mapping,
-                             read_params)
+from pipeline.config import (SECTIONS, ConfigError, Section, data_dependency_for, params_path, parse_section,
+                             read_mapping, read_params)
 from pipeline.io import atomic_write_text
 
 PROFILES_DIR = Path("profiles")

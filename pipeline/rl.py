@@ -4,8 +4,8 @@
 
 - Rollouts come from `GuidedRollout`, TRL's `rollout_func` hook: the pipeline's
   KV-cache decode loop (finished rows leave the batch) samples the G completions
-  of each prompt, or TRL's vLLM engine with `grpo.use_vllm`. With guided replay on, a group whose accuracy is at most tau
-  (every rollout wrong, by default) has its last rollouts replaced by the gold
+  of each prompt, or TRL's vLLM engine with `grpo.use_vllm`. With guided replay on, a group whose accuracy is at most
+  tau (every rollout wrong, by default) has its last rollouts replaced by the gold
   rationale, so the group carries a positive advantage toward a right chain
   (TaoSR-AGRL's adaptive guided replay; PROPA's SFT on trees that found nothing).
 - `TBRMTrainer` swaps GRPO's objective for the trajectory Bellman residual with
@@ -272,8 +272,8 @@ def rl_train(cfg: GRPOStageConfig, rewards_cfg: RewardsConfig, model, tokenizer,
         replay_samples=cfg.replay_samples,
     )
     args = grpo_args(cfg, weights, work_dir, **trackers.arguments(live_dir))
-    kwargs = dict(model=model, reward_funcs=funcs, args=args, train_dataset=rl_dataset(rows), processing_class=tokenizer,
-                  rollout_func=rollout, callbacks=[dvclive_callback(live_dir)])
+    kwargs = dict(model=model, reward_funcs=funcs, args=args, train_dataset=rl_dataset(rows),
+                  processing_class=tokenizer, rollout_func=rollout, callbacks=[dvclive_callback(live_dir)])
     trainer = TBRMTrainer(**kwargs, tbrm_beta=cfg.beta) if cfg.algorithm == "tbrm" else GRPOTrainer(**kwargs)
     before = snapshot(model)
     start = time.perf_counter()

@@ -135,17 +135,20 @@ def release_dead_dvc_locks(tmp: Path = Path(".dvc/tmp")) -> list[int]:
             return False
 
         data["write"] = {p: info for p, info in data.get("write", {}).items() if alive(info)}
-        data["read"] = {p: kept for p, infos in data.get("read", {}).items() if (kept := [i for i in infos if alive(i)])}
+        data["read"] = {p: kept for p, infos in data.get("read", {}).items()
+                        if (kept := [i for i in infos if alive(i)])}
         if dropped:
             path.write_text(json.dumps(data))
     return sorted(dropped)
 
 
-# atomic_dir's and atomic_write_text's temporaries: `.<name>.tmp-<pid>-<random>`, `.<name>.old-<pid>`, `.<name>.<pid>-<random>`
+# atomic_dir's and atomic_write_text's temporaries: `.<name>.tmp-<pid>-<random>`, `.<name>.old-<pid>`,
+# `.<name>.<pid>-<random>`
 _TEMPORARY = re.compile(r"^\..+?\.(?:tmp-|old-)?(\d+)(?:-[^/]*)?$")
 
 
-def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots", "metrics"), depth: int = 3) -> list[Path]:
+def remove_dead_temporaries(roots: tuple[str, ...] = ("data", "models", "plots", "metrics"),
+                            depth: int = 3) -> list[Path]:
     """Remove the temporary files and folders that killed stages left beside their outputs, and the `.live` links
     to them; the paths removed.
 

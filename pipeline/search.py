@@ -196,7 +196,7 @@ def mcts(prompts: Sequence[str], policy: StepPolicy, evaluate: Evaluator, *, ite
     for _ in tqdm(range(iterations), desc="mcts", unit="iteration", disable=not prompts):
         leaves = [select(root, c) for root in roots]
         grow = [i for i, leaf in enumerate(leaves) if not leaf.terminal]
-        for i, leaf in enumerate(leaves):
+        for leaf in leaves:
             if leaf.terminal:
                 backpropagate(leaf, leaf.value)
         sampled = policy.next_lines([prefix(heads[i], leaves[i].lines) for i in grow], children)
@@ -288,7 +288,8 @@ def prm_mcts(prompts: Sequence[str], policy: StepPolicy, score: Callable, *, ite
         nodes = [node for node in root.walk() if node.parent is not None]
         if nodes:
             unfinished.append((i, max(nodes, key=mean_value).lines))
-    for (i, path), rest in zip(unfinished, policy.complete([prefix(policy.render(prompts[i]), p) for i, p in unfinished])):
+    for (i, path), rest in zip(unfinished,
+                               policy.complete([prefix(policy.render(prompts[i]), p) for i, p in unfinished])):
         answers[i] = prefix("", path) + rest
     return answers
 

@@ -32,7 +32,8 @@ def monte_carlo_labels(prompts: Sequence[str], paths: Sequence[Sequence[str]], s
     if rollouts < 1:
         raise ValueError(f"rollouts must be >= 1, got {rollouts}")
     jobs = [(i, k) for i, steps in enumerate(paths) for k in range(len(steps) - 1)]
-    continuations = sample([step_prefix(prompts[i], paths[i], k, step_break) for i, k in jobs], rollouts) if jobs else []
+    continuations = (sample([step_prefix(prompts[i], paths[i], k, step_break) for i, k in jobs], rollouts)
+                     if jobs else [])
     labels = [[0.0] * len(steps) for steps in paths]
     for (i, k), rests in zip(jobs, continuations):
         done = "".join(step + step_break for step in paths[i][: k + 1])

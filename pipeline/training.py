@@ -1,4 +1,5 @@
-"""Shared pieces of the TRL training stages: the SFT run itself, datasets, dvclive logging, weight checks, step timing."""
+"""Shared pieces of the TRL training stages: the SFT run itself, datasets, dvclive logging, weight checks, step
+timing."""
 
 from __future__ import annotations
 

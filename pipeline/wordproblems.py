@@ -175,7 +175,8 @@ def generate(n: int, frames: tuple[str, ...], seed: int) -> list[dict]:
 def write(out: Path, n_train: int = 2000, n_test: int = 300, seed: int = 0) -> None:
     """train.jsonl from the training frames and test.jsonl from the test frames, under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    for split, n, frames, split_seed in (("train", n_train, TRAIN_FRAMES, seed), ("test", n_test, TEST_FRAMES, seed + 1)):
+    for split, n, frames, split_seed in (("train", n_train, TRAIN_FRAMES, seed),
+                                         ("test", n_test, TEST_FRAMES, seed + 1)):
         rows = generate(n, frames, split_seed)
         (out / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 

@@ -21,7 +21,8 @@ from pipeline.models import MASTER_DTYPE, load_model
 from pipeline.plots import fill_skipped
 from pipeline.training import dpo_train, require_update, unmoved
 
-PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")], "distill": [paths.split_file("pairs", stage="distill")]}
+PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")],
+              "distill": [paths.split_file("pairs", stage="distill")]}
 PAIR_FILES["both"] = PAIR_FILES["mine"] + PAIR_FILES["distill"]
 
 
@@ -38,8 +39,8 @@ def _flow(cfg: DPOStageConfig, lora_cfg: LoraConfig) -> None:
             stage_logger().warning("dpo: no preference pairs in %s; models/dpo is the SFT model unchanged",
                                    ", ".join(map(str, files)))
             fill_skipped(live, "dpo", "no preference pairs: the SFT model unchanged")
-            metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0,
-                       "elements_changed": 0.0, "world_size": int(os.environ.get("WORLD_SIZE", 1)) if launch.in_rank() else 1}
+            metrics = {"source": cfg.pairs, "pairs": 0, "steps": 0, "weights_changed": 0.0, "elements_changed": 0.0,
+                       "world_size": int(os.environ.get("WORLD_SIZE", 1)) if launch.in_rank() else 1}
         metrics.update(lora.summary(model, lora_cfg))
         stage_logger().info("dpo: %s", metrics)
         shutil.rmtree(out / ".trainer", ignore_errors=True)

@@ -1,7 +1,7 @@
 """python -m stages.evaluate --model sft
 
-Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded with
-pipeline/grading.py, then, on the splits of `evaluate.sampled_splits`, max(k, N) sampled completions per
+Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded
+with pipeline/grading.py, then, on the splits of `evaluate.sampled_splits`, max(k, N) sampled completions per
 question on the first `evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
 at budget N on the first `evaluate.decoding.questions` of them (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
 PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
@@ -119,7 +119,8 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
         out["step_accuracy_ood"] = ood["step_accuracy"]
         if "sampled" in ood:  # evaluate.sampled_splits names ood
             k = ood["sampled"]["k"]
-            out[f"pass_at_{k}_ood"], out[f"maj_at_{k}_ood"] = ood["sampled"][f"pass_at_{k}"], ood["sampled"][f"maj_at_{k}"]
+            out[f"pass_at_{k}_ood"], out[f"maj_at_{k}_ood"] = (ood["sampled"][f"pass_at_{k}"],
+                                                               ood["sampled"][f"maj_at_{k}"])
     # The other splits' full breakdowns, one section each ("ood", "val"); test is the flat part above.
     out.update({split: m for split, m in by_split.items() if split != "test"})
     out["answer_line_rate"] = test["answer_line_rate"]

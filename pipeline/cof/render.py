@@ -41,7 +41,8 @@ def _stacked(ax, table: dict) -> None:
 
 def _lines(ax, table: dict) -> None:
     for j, (name, colour) in enumerate(zip(table["series"], table["colours"])):
-        ax.plot(range(len(table["categories"])), [row[j] for row in table["values"]], marker="o", color=colour, label=name)
+        ax.plot(range(len(table["categories"])), [row[j] for row in table["values"]], marker="o", color=colour,
+                label=name)
 
 
 DRAW = {"bar": _bars, "grouped_bar": _grouped, "stacked_bar": _stacked, "line": _lines}

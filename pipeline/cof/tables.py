@@ -19,7 +19,8 @@ from pipeline.config import SynthesizeConfig
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 YEARS = tuple(str(y) for y in range(2013, 2025))
-COUNTRIES = ("France", "Japan", "Brazil", "India", "Canada", "Kenya", "Peru", "Spain", "Italy", "Chile", "Egypt", "Norway")
+COUNTRIES = ("France", "Japan", "Brazil", "India", "Canada", "Kenya", "Peru", "Spain", "Italy", "Chile", "Egypt",
+             "Norway")
 FRUITS = ("Apple", "Banana", "Cherry", "Mango", "Grape", "Lemon", "Peach", "Plum", "Kiwi", "Melon", "Pear", "Lime")
 PRODUCTS = ("Laptop", "Phone", "Tablet", "Camera", "Watch", "Speaker", "Drone", "Monitor", "Printer", "Router")
 TEAMS = ("Lions", "Tigers", "Bears", "Eagles", "Wolves", "Hawks", "Sharks", "Falcons", "Bulls", "Foxes")
@@ -42,12 +43,15 @@ class Theme(NamedTuple):
 THEMES = (
     Theme("Monthly sales", "k$", MONTHS, True, ("2020", "2021", "2022", "2023", "2024", "2025"), "Sales"),
     Theme("Monthly rainfall", "mm", MONTHS, True, ("Oslo", "Lima", "Rome", "Cairo", "Delhi", "Quito"), "Rainfall"),
-    Theme("Daily visitors", "k", WEEKDAYS, True, ("Museum", "Zoo", "Park", "Aquarium", "Library", "Gallery"), "Visitors"),
+    Theme("Daily visitors", "k", WEEKDAYS, True, ("Museum", "Zoo", "Park", "Aquarium", "Library", "Gallery"),
+          "Visitors"),
     Theme("Annual revenue", "m$", YEARS, True, ("Alpha", "Beta", "Gamma", "Delta", "Omega", "Sigma"), "Revenue"),
-    Theme("Exports by country", "bn$", COUNTRIES, False, ("Cars", "Food", "Oil", "Textiles", "Metals", "Wine"), "Exports"),
+    Theme("Exports by country", "bn$", COUNTRIES, False, ("Cars", "Food", "Oil", "Textiles", "Metals", "Wine"),
+          "Exports"),
     Theme("Tourists by country", "m", COUNTRIES, False, ("2019", "2020", "2021", "2022", "2023", "2024"), "Tourists"),
     Theme("Fruit harvest", "t", FRUITS, False, ("North", "South", "East", "West", "Central", "Coast"), "Harvest"),
-    Theme("Units sold", "units", PRODUCTS, False, ("Online", "Retail", "Export", "Wholesale", "Rental", "Resale"), "Units"),
+    Theme("Units sold", "units", PRODUCTS, False, ("Online", "Retail", "Export", "Wholesale", "Rental", "Resale"),
+          "Units"),
     Theme("Points by team", "pts", TEAMS, False, ("Home", "Away", "Cup", "League", "Friendly", "Playoff"), "Points"),
 )
 ORDERED_THEMES = tuple(t for t in THEMES if t.ordered)

@@ -112,7 +112,8 @@ def parse_table(text) -> dict:
 
 
 def make_sample(row: dict, cfg, backend, table: dict | None = None) -> Sample:
-    """One row's clips, scores, filter verdicts and questions; `table` is the row's parsed table when the caller has it."""
+    """One row's clips, scores, filter verdicts and questions; `table` is the row's parsed table when the caller
+    has it."""
     table = parse_table(row["table"]) if table is None else table
     seed = sample_seed(cfg.seed, row["id"])
     plan = make_plan(table, cfg, seed)

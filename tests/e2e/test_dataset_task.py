@@ -4,9 +4,9 @@
 - GSM8K format, the file outside the repository (a DVC dependency by absolute path), a loaded
   student of another architecture than Qwen2 (a Llama saved here in Hugging Face format, with its
   own tokenizer, chat template and EOS) read through its template (`prompt.format: chat` with a
-  system message; SFT, GRPO and DPO on TRL's conversational format): every stage runs, the chart-only ones say they are skipped and write empty but
-  valid outputs, the metrics are written, a second repro runs nothing, and an edit of the dataset
-  file makes the data stage and everything after it stale.
+  system message; SFT, GRPO and DPO on TRL's conversational format): every stage runs, the chart-only ones say they
+  are skipped and write empty but valid outputs, the metrics are written, a second repro runs nothing, and an edit of
+  the dataset file makes the data stage and everything after it stale.
 - MATH format (`\\boxed{}` answers, paragraph steps, math-verify): the DAG up to sft's evaluation runs too.
 """
 
@@ -26,7 +26,8 @@ from tests.e2e.test_repro import ALL_STAGES, EVALUATED, dvc, ran_stages, sh
 
 pytestmark = pytest.mark.e2e
 
-CHART_ONLY_LOGS = ("animate: skipped", "base: drills skipped", "sft: ranking drill skipped", "prm: contrast paths skipped")
+CHART_ONLY_LOGS = ("animate: skipped", "base: drills skipped", "sft: ranking drill skipped",
+                   "prm: contrast paths skipped")
 
 
 def math_rows(n: int, seed: int) -> list[dict]:
@@ -37,7 +38,8 @@ def math_rows(n: int, seed: int) -> list[dict]:
     while len(rows) < n:
         a, b, c, d = rng.randint(1, 9), rng.randint(2, 9), rng.randint(1, 9), rng.randint(2, 9)
         total = Fraction(a, b) + Fraction(c, d)
-        shown = str(total.numerator) if total.denominator == 1 else f"\\frac{{{total.numerator}}}{{{total.denominator}}}"
+        shown = (str(total.numerator) if total.denominator == 1
+                 else f"\\frac{{{total.numerator}}}{{{total.denominator}}}")
         rows.append({"problem": f"What is $\\frac{{{a}}}{{{b}}} + \\frac{{{c}}}{{{d}}}$?",
                      "solution": f"The common denominator is ${b * d}$.\n\nSo the sum is $\\boxed{{{shown}}}$."})
     return rows

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.e2e
 def sh(args: list[str], cwd, check: bool = True, **env: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(args, cwd=cwd, env=venv_env(**env), capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}")
     return proc
 
 

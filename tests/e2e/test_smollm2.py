@@ -93,7 +93,8 @@ def test_the_pipelines_prompts_render_through_smollm2s_template_as_its_tokenizer
     assert text == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n" \
                    "<|im_start|>assistant\n"
-    assert shot.count("<|im_start|>assistant\n") == 2 and shot.endswith(f"{question}<|im_end|>\n<|im_start|>assistant\n")
+    assert shot.count("<|im_start|>assistant\n") == 2 \
+        and shot.endswith(f"{question}<|im_end|>\n<|im_start|>assistant\n")
     assert ours(text, add_special_tokens=False)["input_ids"] == theirs(text, add_special_tokens=False)["input_ids"]
 
 

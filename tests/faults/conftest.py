@@ -21,7 +21,8 @@ def sh(args: list[str], cwd: Path, check: bool = True, timeout: float = 900, env
     proc = subprocess.run(args, cwd=cwd, env=environ if environ is not None else venv_env(**env), capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}")
     return proc
 
 

@@ -1,8 +1,8 @@
 """A tiny SFT run through pipeline.training.sft_train, as a subprocess of the fault tests.
 
 python tests/faults/sft_run.py OUT.json [LEARNING_RATE [MAX_STEPS]]: trains a 2-layer model from scratch for 8
-optimizer steps (one epoch) on 64 arithmetic rows in the working directory (its params.yaml's `repro` section decides checkpoints
-and resume), then writes to OUT.json the loss of every step, the summary metrics, and the `weights_only`
+optimizer steps (one epoch) on 64 arithmetic rows in the working directory (its params.yaml's `repro` section decides
+checkpoints and resume), then writes to OUT.json the loss of every step, the summary metrics, and the `weights_only`
 argument of every `torch.load` call. A diverged run exits 1 with its message, as a stage does.
 """
 

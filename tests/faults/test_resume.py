@@ -2,8 +2,8 @@
 
 Killed at step 6 (or 12, in its second epoch) of 12 with a checkpoint every 2 steps, the next run continues from
 step 4's (10's) checkpoint and trains exactly the remaining steps on the same batches (every step's loss, and the
-run's mean `train_loss`, equal an uninterrupted run's); a changed run never resumes an old one; checkpoint state loads with weights_only; a NaN at step 5 stops the run naming the step and
-keeps step 4's checkpoint.
+run's mean `train_loss`, equal an uninterrupted run's); a changed run never resumes an old one; checkpoint state loads
+with weights_only; a NaN at step 5 stops the run naming the step and keeps step 4's checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ SCRIPT = ROOT / "tests/faults/sft_run.py"
 
 def run(folder: Path, checkpoint_steps: int, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
     folder.mkdir(exist_ok=True)
-    (folder / "params.yaml").write_text(f"repro: {{lock_timeout: 0, checkpoint_steps: {checkpoint_steps}, resume: true}}\n")
+    (folder / "params.yaml").write_text(f"repro: {{lock_timeout: 0, checkpoint_steps: {checkpoint_steps}, "
+                                        f"resume: true}}\n")
     env = venv_env(PYTHONPATH=str(ROOT), **({"PIPELINE_FAULT": fault} if fault else {}))
     return subprocess.run([sys.executable, str(SCRIPT), "out.json", *extra], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300, start_new_session=True)

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (pip install -e .[gpu])")]
 
-TEXTS = [f"Question: what is {a}+{b}?\nStep 1: {a} + {b} = {a + b}.\nAnswer: {a + b}" for a in range(10) for b in range(10)]
+TEXTS = [f"Question: what is {a}+{b}?\nStep 1: {a} + {b} = {a + b}.\nAnswer: {a + b}"
+         for a in range(10) for b in range(10)]
 PROMPTS = [f"Question: what is {a}+{b}?\n" for a, b in ((3, 4), (1, 8), (9, 9), (0, 5))]
 
 

@@ -31,7 +31,8 @@ def tiny(tmp_path_factory):
     tok = train_tokenizer(texts, 320)
     # a Qwen2 (not the default Llama): at this seed and init its random answers differ between the prompts
     cfg = BaseModelConfig(architecture="qwen2", seed=0, vocab_size=320, hidden_size=32, intermediate_size=64,
-                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                          max_position_embeddings=512)
     folder = tmp_path_factory.mktemp("tiny_model")
     model = build_student(cfg, tok)
     with torch.no_grad():  # the default 0.02 init answers every prompt alike; wide weights make answers differ

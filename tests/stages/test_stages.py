@@ -268,7 +268,8 @@ def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspac
     metrics = json.loads(paths.metrics_file("prm").read_text())
     assert "rank_drill" not in metrics  # the policy it starts from drilled in `sft`
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
-    assert metrics["sources"]["chain"] == 32 and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
+    assert metrics["sources"]["chain"] == 32 \
+        and metrics["paths"] + metrics["too_long"] == sum(metrics["sources"].values())
     # Contrast paths cut from those 32 chains (prm.contrast of params.yaml): each choice step right once, then wrong.
     cfg = load_section("prm", PRMConfig)
     contrast = contrast_rows(read_rows(paths.stage_data("prm_data") / "chains.parquet"), cfg.contrast,
@@ -474,7 +475,8 @@ def test_grpo_whose_updates_were_all_zero_fails_unless_allowed(workspace, caplog
         write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1}})
         with pytest.raises(SystemExit) as failed:
             grpo.main()
-        untouched = {path: path.read_bytes() for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
+        untouched = {path: path.read_bytes()
+                     for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
         write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1, "allow_no_update": True}})
         grpo.main()
         metrics = json.loads(paths.metrics_file("grpo").read_text())

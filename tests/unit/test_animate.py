@@ -284,12 +284,14 @@ def test_temporal_chains_by_hand_and_graded():
         assert grade(extract_answer(row["rationale"]), expected_answer(row), row["answer_type"]), row["question"]
         assert not grade("Maybe" if row["answer_type"] == "binary" else "-99", expected_answer(row), row["answer_type"])
         assert extract_steps(row["rationale"]) == [s["value"] for s in row["steps"]]
-        assert row["prompt"].startswith("Video: bar chart, 8 frames.") and "Frame 4: Jan 11.5; Feb 11; Mar 6" in row["prompt"]
+        assert row["prompt"].startswith("Video: bar chart, 8 frames.") \
+            and "Frame 4: Jan 11.5; Feb 11; Mar 6" in row["prompt"]
         by_task.setdefault(row["functions"][-1], row)
     assert len(rows) == 4
     # Jan goes 10 -> 11.5 -> 13 and Feb 12 -> 11 -> 9.5: the only crossing, Jan first above Feb in frame 4
     first = by_task["first_frame"]
-    assert first["answer"] == "4" and first["question"].startswith("In which listed frame is the Jan bar first above the Feb")
+    assert first["answer"] == "4" \
+        and first["question"].startswith("In which listed frame is the Jan bar first above the Feb")
     # the largest in frame 8 is Jan (13), which started at 10: a change of 3
     largest = next(r for r in rows if r["functions"][0] == "frame_objects")
     assert largest["answer"] == "3" and "The largest of them is Jan 13." in largest["rationale"]

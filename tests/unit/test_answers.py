@@ -110,7 +110,8 @@ def test_math_verify_is_bounded_in_length_and_time(monkeypatch):
 
 def test_math_verify_works_off_the_main_thread():
     results = []
-    thread = threading.Thread(target=lambda: results.append(grade_with("math_verify", "\\frac{1}{4}", "0.25", "number")))
+    thread = threading.Thread(target=lambda: results.append(grade_with("math_verify", "\\frac{1}{4}", "0.25",
+                                                                       "number")))
     thread.start()
     thread.join(30)
     assert results == [True]

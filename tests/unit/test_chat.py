@@ -59,8 +59,10 @@ def test_a_loaded_models_own_template_is_used(as_chat):
     as_chat()
     tokenizer = llama3_tokenizer()
     text = chat.render(tokenizer, "How many?")
-    assert text == "<|start_header_id|>user<|end_header_id|>\n\nHow many?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-    assert tokenizer.convert_ids_to_tokens(tokenizer(text, add_special_tokens=False)["input_ids"][0]) == "<|start_header_id|>"
+    assert text == "<|start_header_id|>user<|end_header_id|>\n\nHow many?<|eot_id|>" \
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    assert tokenizer.convert_ids_to_tokens(tokenizer(text, add_special_tokens=False)["input_ids"][0]) == \
+        "<|start_header_id|>"
 
 
 def test_trl_examples_are_conversational_with_chat(as_chat):
@@ -79,11 +81,12 @@ def test_sft_trains_on_the_completion_tokens_of_the_templated_conversation(tok, 
     from pipeline.training import prompt_completion_dataset, trainer_args
 
     as_chat()
-    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64), tok)
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=64), tok)
     rows = [{"prompt": "How many?", "rationale": " 7"}]
-    trainer = SFTTrainer(model=model, args=trainer_args(TrainConfig(max_steps=1), tmp_path, eval_strategy="no"), processing_class=tok,
-                         train_dataset=prompt_completion_dataset(rows))
+    trainer = SFTTrainer(model=model, args=trainer_args(TrainConfig(max_steps=1), tmp_path, eval_strategy="no"),
+                         processing_class=tok, train_dataset=prompt_completion_dataset(rows))
     example = trainer.train_dataset[0]
     prompt_ids = tok(chat.render(tok, "How many?"), add_special_tokens=False)["input_ids"]
     completion_ids = tok(" 7" + EOS, add_special_tokens=False)["input_ids"]
@@ -95,8 +98,9 @@ def test_guided_rollout_renders_conversational_prompts_and_finds_their_gold(tok,
     from pipeline.rl import GuidedRollout
 
     as_chat()
-    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64), tok)
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=64), tok)
     gold = {"How many?": {"answer": "7", "answer_type": "number", "rationale": "Step 1: 3 + 4 = 7.\nAnswer: 7"}}
     rollout = GuidedRollout(gold, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=0,
                             replay=True, replay_max_accuracy=0.0, replay_samples=1)
@@ -123,8 +127,9 @@ def test_step_search_and_samplers_render_the_prompt(tok, as_chat):
     from pipeline.generation import LocalSampler
     from pipeline.search import StepPolicy
 
-    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64), tok)
+    model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=64), tok)
     torch.manual_seed(0)
     raw = LocalSampler(model, tok).sample(["How many?"], max_new_tokens=4)
     as_chat()
@@ -175,7 +180,8 @@ def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok, mo
         (tmp_path / "no_tokenizer" / name).unlink()
     for folder, message in (
             (tmp_path / "absent", ": no such folder"),
-            (tmp_path / "tokenizer_only", ": no model.safetensors .*; found chat_template.jinja, tokenizer.json, tokenizer_config.json$"),
+            (tmp_path / "tokenizer_only",
+             ": no model.safetensors .*; found chat_template.jinja, tokenizer.json, tokenizer_config.json$"),
             (tmp_path / "config_only", ": no model.safetensors .*; found config.json$"),
             (tmp_path / "bin_only", ": no model.safetensors .*pickled weights .*convert them once"),
             (tmp_path / "no_tokenizer", ": no tokenizer files")):

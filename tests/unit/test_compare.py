@@ -68,7 +68,8 @@ def test_the_gate_fails_a_sure_drop_beyond_its_margin_and_a_model_it_cannot_judg
                "dpo": "no predictions: not at that revision"}
     assert gate(results, ["grpo", "sft:0.05"]) == []
     failed = gate(results, ["sft:0.01", "dpo", "teacher"])
-    assert failed[0].startswith("sft: accuracy 1.000 -> 0.950 (-0.050, 95% interval [") and "by more than 0.01" in failed[0]
+    assert failed[0].startswith("sft: accuracy 1.000 -> 0.950 (-0.050, 95% interval [") \
+        and "by more than 0.01" in failed[0]
     assert failed[1] == "dpo: cannot judge a regression: no predictions: not at that revision"
     assert failed[2].startswith("teacher: cannot judge")
     assert parse_gate("grpo") == ("grpo", 0.0) and parse_gate("grpo:0.02") == ("grpo", 0.02)
@@ -155,7 +156,7 @@ def test_a_version_without_predictions_gets_one_line_saying_what_fetches_them_an
     out, err = capsys.readouterr()
     assert "failed to load directory" not in out + err
     assert "| sft | no predictions at A | | | | |" in out
-    (line,) = [l for l in out.splitlines() if l.startswith("- A: ")]  # one line for the version, every model in it
+    (line,) = [x for x in out.splitlines() if x.startswith("- A: ")]  # one line for the version, every model in it
     assert line.startswith("- A: no predictions of teacher, sft, sft_extended, grpo: its dvc.lock records them "
                            "(evaluate@teacher evaluate@sft evaluate@sft_extended evaluate@grpo), but neither this "
                            "DVC cache nor remote `local` (/srv/dvc-remote) holds them; `dvc push -r local` where A "

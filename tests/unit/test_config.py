@@ -89,7 +89,8 @@ def test_cross_field_rule(tmp_path):
     ("sft", {"max_steps": 0}, r"sft.max_steps: .*0 would train one step"),
     ("teacher", {"train": {"max_steps": 0}}, r"teacher.train.max_steps: .*0 would train one step"),
     ("evaluate", {"splits": ["ood"], "sampled_splits": []}, r"splits: must include test"),
-    ("evaluate", {"decoding": {"prm": None, "strategies": ["greedy", "prm_beam"]}}, r"prm_beam need a PRM; prm is null"),
+    ("evaluate", {"decoding": {"prm": None, "strategies": ["greedy", "prm_beam"]}},
+     r"prm_beam need a PRM; prm is null"),
 ])
 def test_settings_that_used_to_fail_mid_stage_or_mislead_are_refused(tmp_path, section, values, message):
     path = write(tmp_path, {section: values})
@@ -235,7 +236,8 @@ def test_a_loaded_local_model_folder_is_what_dvc_watches(tmp_path, monkeypatch):
     assert model_dependency_for(str(tmp_path / "mine")) == str(tmp_path / "mine")
     assert model_dependency_for("~/m") == str(Path("~/m").expanduser())  # DVC does not expand ~
     # a stage's own output is not a dependency (DVC would refuse the cycle)
-    assert model_dependency_for("models/sft") == model_dependency_for(str(tmp_path / "models/sft")) == NO_MODEL_DEPENDENCY
+    assert model_dependency_for("models/sft") == model_dependency_for(str(tmp_path / "models/sft")) \
+        == NO_MODEL_DEPENDENCY
     assert BaseModelConfig(model="mine").model_dependency == "mine"
     assert TeacherConfig(backend="transformers", model="mine").model_dependency == "mine"
     assert TeacherConfig(backend="openai", model="mine", base_url="http://x/v1").model_dependency == NO_MODEL_DEPENDENCY

@@ -27,8 +27,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 # Process plumbing that cannot change an output: the fault hooks are inert unless PIPELINE_FAULT is set, and the
 # tether only stops a Prefect server.
-PLUMBING = {"pipeline/flows.py", "pipeline/paths.py", "pipeline/config.py", "pipeline/__init__.py", "stages/__init__.py",
-            "pipeline/faults.py", "pipeline/tether.py", "pipeline/runlock.py",
+PLUMBING = {"pipeline/flows.py", "pipeline/paths.py", "pipeline/config.py", "pipeline/__init__.py",
+            "stages/__init__.py", "pipeline/faults.py", "pipeline/tether.py", "pipeline/runlock.py",
             "pipeline/launch.py"}  # how a stage's processes start (the `launch` section), not what it computes
 
 
@@ -45,7 +45,8 @@ def module_file(name: str) -> Path | None:
 
 
 def module_imports(path: Path) -> set[str]:
-    """Absolute imports of `pipeline` modules at the top level of a file (`from pipeline.x import y` may be a module y)."""
+    """Absolute imports of `pipeline` modules at the top level of a file (`from pipeline.x import y` may be a
+    module y)."""
     names: set[str] = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Import):
@@ -78,7 +79,8 @@ def stages() -> list[tuple[str, str, list[str]]]:
 
 def test_module_imports_follow_from_imports(tmp_path):
     path = tmp_path / "probe.py"
-    path.write_text("import os\nfrom pipeline import io\nfrom pipeline.prm import auroc\n\ndef f():\n    import pipeline.rl\n")
+    path.write_text("import os\nfrom pipeline import io\nfrom pipeline.prm import auroc\n\n"
+                    "def f():\n    import pipeline.rl\n")
     assert module_imports(path) == {"pipeline", "pipeline.io", "pipeline.prm", "pipeline.prm.auroc"}
     path.write_text("from pipeline.cof.tables import Table\n")
     assert module_imports(path) == {"pipeline", "pipeline.cof", "pipeline.cof.tables", "pipeline.cof.tables.Table"}

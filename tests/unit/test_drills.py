@@ -22,7 +22,8 @@ TINY = BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_
 
 
 def drilled_twice(train, tokenizer) -> list[tuple[dict, list, list]]:
-    """Two runs of `train(model, log)` on the same tiny init: (metrics, log entries, weights) each; each moves every tensor."""
+    """Two runs of `train(model, log)` on the same tiny init: (metrics, log entries, weights) each; each moves every
+    tensor."""
     runs = []
     for _ in range(2):
         model = build_student(TINY, tokenizer)
@@ -137,7 +138,8 @@ def test_the_numbers_drill_asks_every_key_or_one_as_number_task_says(monkeypatch
     synth, tokenizer = _drill_setup()
     asked = []
     real = drills.drill
-    monkeypatch.setattr(drills, "drill", lambda task, *args, **kw: asked.append((task, args[2])) or real(task, *args, **kw))
+    monkeypatch.setattr(drills, "drill",
+                        lambda task, *args, **kw: asked.append((task, args[2])) or real(task, *args, **kw))
     for task in ("multi", "lookup"):
         asked.clear()
         cfg = DrillConfig(colour_steps=0, number_steps=2, batch_size=3, val_tables=4, check_tables=2, number_task=task)
@@ -338,7 +340,8 @@ def test_train_rank_drill_replays_gold_rows_beside_the_drills(monkeypatch):
              "rationale": f"Step 1: Select the A bar: A {i}.\nAnswer: {i}"} for i in range(1, 6)]
     batches: list = []
     real = drills.target_loss
-    monkeypatch.setattr(drills, "target_loss", lambda model, batch, pad: batches.append(batch) or real(model, batch, pad))
+    monkeypatch.setattr(drills, "target_loss",
+                        lambda model, batch, pad: batches.append(batch) or real(model, batch, pad))
     cfg = RankDrillConfig(curriculum=[1], steps=1, batch_size=2, replay=3, val_tables=2)
     drills.train_rank_drill(build_student(TINY, tokenizer), tokenizer, cfg, synth, replay=gold)
     assert len(batches) == 2 and all(len(b) == 5 for b in batches)

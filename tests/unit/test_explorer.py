@@ -78,7 +78,7 @@ def test_no_walk_step_repeats_its_input_function_or_follows_a_banned_one(sample)
 
 def test_subchains_are_joined_left_to_right():
     seen = Counter()
-    for answer_type, length, steps in chains(300, seed=1, lengths=[5, 8], answer_types=("number", "binary")):
+    for answer_type, _length, steps in chains(300, seed=1, lengths=[5, 8], answer_types=("number", "binary")):
         starts = [i for i, s in enumerate(steps) if s.inputs == ()]
         joiners = [s for s in steps if len(s.inputs) == 2]
         assert len(joiners) == len(starts) - 1 and len(starts) <= 3

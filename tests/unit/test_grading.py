@@ -130,7 +130,8 @@ def test_extract_steps_reads_step_lines_only():
 
 @pytest.mark.parametrize(
     "value, kind",
-    [("12.5", "number"), ("1,234", "number"), ("yes", "binary"), ("No", "binary"), ("red", "text"), ("A 5, B 9", "text")],
+    [("12.5", "number"), ("1,234", "number"), ("yes", "binary"), ("No", "binary"), ("red", "text"),
+     ("A 5, B 9", "text")],
 )
 def test_infer_answer_type(value, kind):
     assert infer_answer_type(value) == kind

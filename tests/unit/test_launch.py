@@ -114,7 +114,8 @@ def test_what_this_machine_cannot_run_fails_saying_what_was_found(tmp_path, monk
     zero3 = launch.plan_for("sft", LaunchConfig(num_processes=2, config_file="configs/accelerate/deepspeed_zero3.yaml"))
     real_find_spec = importlib.util.find_spec
     with monkeypatch.context() as m:  # a machine without DeepSpeed
-        m.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a))
+        m.setattr(importlib.util, "find_spec",
+                  lambda name, *a: None if name == "deepspeed" else real_find_spec(name, *a))
         with pytest.raises(ConfigError, match=r"launch.config_file: configs/accelerate/deepspeed_zero3.yaml asks for "
                                               r"DeepSpeed, which is not installed \(pip install -e '.\[deepspeed\]'\)"):
             launch.check(zero3)

@@ -32,7 +32,8 @@ def trained(model) -> None:
                 p.add_(torch.randn_like(p) * 0.05)
 
 
-def logits(model, ids=torch.tensor([[1, 5, 9, 14, 3]])) -> torch.Tensor:
+def logits(model, ids: torch.Tensor | None = None) -> torch.Tensor:
+    ids = torch.tensor([[1, 5, 9, 14, 3]]) if ids is None else ids
     with torch.no_grad():
         return model(input_ids=ids).logits
 

@@ -124,7 +124,6 @@ def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path, monkeypatch)
 def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path, monkeypatch):
     import torch
 
-    from pipeline import models
     from pipeline.config import BaseModelConfig
     from pipeline.models import build_student, load_kwargs, load_model, save_model, train_tokenizer
 

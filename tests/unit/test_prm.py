@@ -128,7 +128,8 @@ def test_loss_is_bce_on_gold_and_mse_on_mcts_labels():
 
 def test_a_gold_chain_row_is_trained_by_next_token_cross_entropy_not_by_its_verdicts():
     torch.manual_seed(0)
-    logits, ids = torch.randn(3, 7, 3), torch.tensor([[0, 1, 2, 1, 0, 1, 1], [2, 2, 0, 1, 1, 2, 0], [1, 0, 2, 2, 1, 0, 1]])
+    logits, ids = torch.randn(3, 7, 3), torch.tensor([[0, 1, 2, 1, 0, 1, 1], [2, 2, 0, 1, 1, 2, 0],
+                                                      [1, 0, 2, 2, 1, 0, 1]])
     # row 0: labelled lines; row 1: a chain with a newline token (3) between its lines, then right padding;
     # row 2: a chain with one line and a padding slot
     starts, ends = torch.tensor([[1, 3], [2, 4], [3, -1]]), torch.tensor([[3, 4], [3, 6], [5, -1]])
@@ -309,7 +310,8 @@ def test_prefix_shared_scores_equal_a_full_forward_pass_per_pair(tokenizer, prm,
         batch = collate([dict(zip(("input_ids", "spans"), encode(tokenizer, prompt, lines)))], tokenizer.pad_token_id)
         with torch.inference_mode():
             logits = prm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        log_p, _ = line_log_probs(token_verdicts(logits, batch["input_ids"]), batch["score_starts"], batch["score_ends"])
+        log_p, _ = line_log_probs(token_verdicts(logits, batch["input_ids"]), batch["score_starts"],
+                                  batch["score_ends"])
         # In log space: a line of many unsure tokens scores near 0, where an absolute tolerance would pass anything.
         assert [math.log(x) for x in scores] == pytest.approx(log_p[0].tolist(), abs=1e-4)
         full_tokens += batch["input_ids"].shape[1]
@@ -405,7 +407,8 @@ def test_a_head_that_caps_its_logits_is_read_whole(tokenizer):
                         tokenizer.pad_token_id)
         with torch.inference_mode():
             logits = capped(input_ids=batch["input_ids"]).logits
-        log_p, _ = line_log_probs(token_verdicts(logits, batch["input_ids"]), batch["score_starts"], batch["score_ends"])
+        log_p, _ = line_log_probs(token_verdicts(logits, batch["input_ids"]), batch["score_starts"],
+                                  batch["score_ends"])
         assert [math.log(x) for x in scores] == pytest.approx(log_p[0].tolist(), abs=1e-4)
 
 
@@ -474,7 +477,8 @@ def test_a_deeper_prm_starts_as_the_policy_and_round_trips(tokenizer, prm, tmp_p
     loaded = PRMScorer.load(tmp_path / "prm", device="cpu")
     assert len(loaded.model.model.layers) == 3
     scorer = PRMScorer(deeper, tokenizer)
-    assert loaded.score(["Q\n"], [RIGHT.splitlines()])[0] == pytest.approx(scorer.score(["Q\n"], [RIGHT.splitlines()])[0])
+    assert loaded.score(["Q\n"], [RIGHT.splitlines()])[0] == \
+        pytest.approx(scorer.score(["Q\n"], [RIGHT.splitlines()])[0])
 
 
 @pytest.mark.parametrize("grouped", [False, True])

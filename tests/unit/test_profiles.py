@@ -51,7 +51,8 @@ def saved_model(folder: Path) -> Path:
 def test_each_profile_resolves_to_its_committed_file(name):
     expected = RESOLVED / f"{name}.yaml"
     sets = "".join(f" -S {s}" for s in example_sets(name))
-    assert expected.exists(), f"write it: python -m pipeline params --profile {name}{sets} > {expected.relative_to(ROOT)}"
+    assert expected.exists(), (
+        f"write it: python -m pipeline params --profile {name}{sets} > {expected.relative_to(ROOT)}")
     assert profiles.resolve(name, example_sets(name), root=ROOT) == yaml.safe_load(expected.read_text()), (
         f"profile {name} resolves differently from {expected.relative_to(ROOT)}; if the change is meant, regenerate it")
 
@@ -132,7 +133,8 @@ def test_sets_fill_a_null_section_key_by_key(root):
      r"synthesize.answer_type_weights.number: .*must be a number, not a boolean \(got True\)"),
     (["sft.rank_drill.curriculum=[200, false]"],
      r"sft.rank_drill.curriculum.1: .*must be a number, not a boolean \(got False\)"),
-    (["synthesize=null"], r"-S synthesize=null: synthesize: a section takes keys \(synthesize.<key>=<value>\), not null"),
+    (["synthesize=null"],
+     r"-S synthesize=null: synthesize: a section takes keys \(synthesize.<key>=<value>\), not null"),
     (["base.drills=3"], r"base.drills: a section takes keys .*not 3"),
 ])
 def test_bad_overrides_name_the_key(root, sets, message):

@@ -426,7 +426,8 @@ def test_a_custom_reward_joins_the_weighted_sum_under_its_name():
     assert [f.__name__ for f in funcs] == ["accuracy", "brevity"] and weights == [1.0, 0.5]
     # 7 words: brevity 1 - 7/60; the right answer: accuracy 1 -> 1 + 0.5 * (1 - 7/60)
     completion = "Step 1: x is 4.\nAnswer: 4"
-    assert total_reward(cfg, [completion], answer=["4"], answer_type=["number"]) == [pytest.approx(1 + 0.5 * (1 - 7 / 60))]
+    assert total_reward(cfg, [completion], answer=["4"], answer_type=["number"]) == \
+        [pytest.approx(1 + 0.5 * (1 - 7 / 60))]
 
 
 @pytest.mark.parametrize(

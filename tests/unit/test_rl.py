@@ -18,8 +18,9 @@ from pipeline.rl import GuidedRollout, TBRMTrainer, grpo_args, success_amplifica
 
 
 def result(i: int, correct: int, g: int = 8, kept=None, failed=None) -> QuestionResult:
-    row = {"id": f"q{i}", "prompt": f"P{i}\n", "answer": "5", "answer_type": "number", "rationale": "Step 1: 5.\nAnswer: 5",
-           "steps": [{"function": "f", "text": "t", "value": "5"}], "task_type": "arithmetic", "chain_length": 2}
+    row = {"id": f"q{i}", "prompt": f"P{i}\n", "answer": "5", "answer_type": "number",
+           "rationale": "Step 1: 5.\nAnswer: 5", "steps": [{"function": "f", "text": "t", "value": "5"}],
+           "task_type": "arithmetic", "chain_length": 2}
     return QuestionResult(row, correct / g, correct, kept or [], failed or [])
 
 
@@ -174,7 +175,8 @@ def test_tbrm_reference_stays_frozen_while_the_policy_moves(tiny, tmp_path):
 
     model, tok = tiny
     rows = [{"id": f"q{a}", "prompt": f"Q{a}\n", "answer": str(a + 1), "answer_type": "number",
-             "step_values": [str(a + 1)], "rationale": f"Step 1: {a} + 1 = {a + 1}.\nAnswer: {a + 1}"} for a in range(8)]
+             "step_values": [str(a + 1)], "rationale": f"Step 1: {a} + 1 = {a + 1}.\nAnswer: {a + 1}"}
+            for a in range(8)]
     funcs, weights = build_rewards(RewardsConfig())
     cfg = GRPOStageConfig(algorithm="tbrm", max_steps=1, prompts_per_step=2, num_generations=2)
     trainer = TBRMTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, weights, tmp_path),

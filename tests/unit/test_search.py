@@ -254,7 +254,8 @@ def test_decoder_skips_prm_strategies_without_a_prm():
 
 
 def test_swapped_comparisons_and_the_inconsistency_rate():
-    assert swapped("Is the value of Mon larger than the value of Tue?") == "Is the value of Tue larger than the value of Mon?"
+    assert swapped("Is the value of Mon larger than the value of Tue?") == \
+        "Is the value of Tue larger than the value of Mon?"
     assert swapped("Is the count of bars smaller than 3?") == "Is 3 smaller than the count of bars?"
     assert swapped("Is the sum of bars greater than 3 greater than 4?") is None  # ambiguous
     assert swapped("What is the value?") is None
@@ -304,8 +305,10 @@ def test_report_tables_each_model_with_both_faithfulness_probes():
     evaluations = {
         "sft": {"decoding": {"greedy": greedy},
                 "faithfulness": {"pairs": 45, "answered": 1, "inconsistent": 1, "inconsistency_rate": 1.0,
-                                 "trend": {"pairs": 15, "answered": 15, "inconsistent": 8, "inconsistency_rate": 0.5333}}},
-        "old": {"decoding": {}, "faithfulness": {"pairs": 3, "answered": 0, "inconsistent": 0, "inconsistency_rate": None}},
+                                 "trend": {"pairs": 15, "answered": 15, "inconsistent": 8,
+                                           "inconsistency_rate": 0.5333}}},
+        "old": {"decoding": {}, "faithfulness": {"pairs": 3, "answered": 0, "inconsistent": 0,
+                                                 "inconsistency_rate": None}},
     }
     evaluations["sft"]["decoding"]["prm_best_of_n"] = {**greedy, "accuracy": 0.45, "vs_greedy": {
         "difference": 0.05, "standard_error": 0.021}}

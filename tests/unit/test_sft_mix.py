@@ -38,8 +38,8 @@ def test_mix_adds_a_seeded_share_on_top_of_the_truncated_rows(tmp_path, monkeypa
 
 def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     """The raised max_train_samples and the temporal rows go to phase 1; curriculum stage 2 and logit
-    distillation get the stage's own config and rows, and the ranking drill comes last. At mix 0 every phase gets what it
-    got before sft.mix."""
+    distillation get the stage's own config and rows, and the ranking drill comes last. At mix 0 every phase gets
+    what it got before sft.mix."""
     from types import SimpleNamespace
 
     import pipeline.teacher

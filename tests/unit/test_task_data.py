@@ -14,7 +14,8 @@ from pipeline.io import InputError
 from pipeline.task_data import extract_gold, read_task_dataset, split_steps
 
 GSM8K_ROWS = [
-    {"question": "Tom has 3 bags of 4 apples. How many apples?", "answer": "3 bags * 4 = <<3*4=12>>12 apples.\n#### 12"},
+    {"question": "Tom has 3 bags of 4 apples. How many apples?",
+     "answer": "3 bags * 4 = <<3*4=12>>12 apples.\n#### 12"},
     {"question": "A pen costs $2. How much do 500 pens cost?", "answer": "500 * 2 = <<500*2=1000>>1000\n#### 1,000"},
     {"question": "Broken row", "answer": "no final mark"},
 ]
@@ -240,7 +241,8 @@ def test_the_data_stage_writes_the_contract_with_sft_targets_and_a_quarantine(tm
     assert train[0]["question"] == train[0]["prompt"] and train[0]["table"] is None
     assert [r["answer"] for r in read_rows("data/synthesize/val.parquet")] == ["2"]
     assert read_rows("data/synthesize/ood.parquet") == []  # none in the dataset: an empty file every reader finds
-    quarantined = [json.loads(line) for line in (tmp_path / "data/synthesize/quarantine.jsonl").read_text().splitlines()]
+    quarantined = [json.loads(line)
+                   for line in (tmp_path / "data/synthesize/quarantine.jsonl").read_text().splitlines()]
     assert quarantined == [{"split": "train", "row": 2, "reason": "no answer by gsm8k", "value": "no final mark"}]
     assert (tmp_path / "data/synthesize/charts/README.txt").exists()
     metrics = json.loads((tmp_path / "metrics/synthesize.json").read_text())

@@ -26,7 +26,8 @@ def test_every_tracker_name_is_a_transformers_integration():
 
 
 def test_a_tracker_that_is_not_installed_is_named_at_validation():
-    with pytest.raises(ConfigError, match=r"tracking.*report_to.*wandb: its package is not installed \(pip install wandb\)"):
+    with pytest.raises(ConfigError,
+                       match=r"tracking.*report_to.*wandb: its package is not installed \(pip install wandb\)"):
         parse_section("tracking", SECTIONS["tracking"], {"report_to": ["wandb"]}, "params.yaml")
     with pytest.raises(ConfigError, match="report_to"):
         parse_section("tracking", SECTIONS["tracking"], {"report_to": ["dvclive"]}, "params.yaml")  # attached always

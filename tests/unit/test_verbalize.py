@@ -174,6 +174,7 @@ def test_format_prompt_grouped_and_single_series():
         "Jan: 12, 15 | Feb: 9, 11 | Mar: 17, 14 | Apr: 6, 10\n"
         "Question: What is 1?\n"
     )
-    bar = {"chart_type": "bar", "title": "Fruit harvest", "unit": "t", "categories": ["Apple", "Kiwi"], "series": ["Harvest"],
-           "values": [[3], [8]], "colours": ["red", "blue"], "colour_by": "category"}
-    assert format_prompt(bar, "Q?") == "Chart: bar. Title: Fruit harvest (t).\nApple: 3 red | Kiwi: 8 blue\nQuestion: Q?\n"
+    bar = {"chart_type": "bar", "title": "Fruit harvest", "unit": "t", "categories": ["Apple", "Kiwi"],
+           "series": ["Harvest"], "values": [[3], [8]], "colours": ["red", "blue"], "colour_by": "category"}
+    assert format_prompt(bar, "Q?") == "Chart: bar. Title: Fruit harvest (t).\nApple: 3 red | Kiwi: 8 blue\n" \
+                                       "Question: Q?\n"
