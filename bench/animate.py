@@ -4,10 +4,10 @@ Procedural frame rendering of the `animate` stage against re-plotting every
 frame with matplotlib, at the same size (the default 320 x 240, the size of a
 synthesize chart; other `animate` sizes compare unequal frames), on one core.
 Both draw the first `--tables` training tables at each frame's values (the data
-dynamics of pipeline/video/sample.py) and return an RGB array moved by the same
+dynamics of pipeline/data/video/sample.py) and return an RGB array moved by the same
 camera warp, so the ratio is the renderer's alone: PIL rasterisation
-(pipeline/video/render.py) against a fresh matplotlib Figure per frame
-(pipeline/cof/render.chart_figure, the synthesize stage's own chart code with
+(pipeline/data/video/render.py) against a fresh matplotlib Figure per frame
+(pipeline/data/cof/render.chart_figure, the synthesize stage's own chart code with
 its layout pass, Agg canvas to array; only the PNG encoding is left out). Needs
 data/synthesize (dvc repro synthesize).
 """
@@ -21,16 +21,16 @@ import time
 import numpy as np
 from PIL import Image
 
-from pipeline import paths
-from pipeline.cof.render import chart_figure
+from pipeline.core import paths
+from pipeline.data.cof.render import chart_figure
 from pipeline.config import load_section
-from pipeline.io import read_rows
-from pipeline.video.render import Scene, draw, warp
-from pipeline.video.sample import make_plan, sample_seed
+from pipeline.core.io import read_rows
+from pipeline.data.video.render import Scene, draw, warp
+from pipeline.data.video.sample import make_plan, sample_seed
 
 
 def matplotlib_frame(table: dict, values: np.ndarray) -> np.ndarray:
-    """One frame re-plotted from scratch by the pipeline's own chart code (pipeline/cof/render.py)."""
+    """One frame re-plotted from scratch by the pipeline's own chart code (pipeline/data/cof/render.py)."""
     fig = chart_figure({**table, "values": values.tolist()})
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3]

@@ -6,8 +6,8 @@ there): first the bf16 matrix-product rate measured on the device, then
 - SFT steps on packed sequences (TRL's SFTTrainer with the profile's `sft` settings),
 - greedy evaluation through the pipeline's decode loop (the HF engine) and, when vLLM is installed, vLLM on the
   same prompts (the ratio is the target: vLLM at least 5x),
-- PRM scoring of chains (pipeline.prm.PRMScorer),
-- GRPO steps (pipeline.rl.rl_train, rollouts from the decode loop, the profile's `grpo` settings).
+- PRM scoring of chains (pipeline.prm.model.PRMScorer),
+- GRPO steps (pipeline.rl.grpo.rl_train, rollouts from the decode loop, the profile's `grpo` settings).
 
 Each part records tokens/s at the lengths and batch sizes it states, and training parts their model FLOPs
 utilisation (6 x parameters x tokens a second) against the measured matrix rate and the datasheet's peak.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.workspace import ROOT
+from pipeline.orchestration.workspace import ROOT
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts), TFLOP/s.
 DATASHEET_BF16 = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}
@@ -59,7 +59,7 @@ def matmul_rate(n: int, repeats: int) -> float:
 
 def corpus(n: int) -> list[dict]:
     """Chart questions with their gold rationales (the default generator), the rows every part reads."""
-    from pipeline.cof.generate import generate_dataset
+    from pipeline.data.cof.generate import generate_dataset
     from pipeline.config import SynthesizeConfig
 
     rows, _ = generate_dataset(SynthesizeConfig(n_train=n, n_val=1, n_test=1, n_ood=0, render_charts=0))
@@ -70,7 +70,7 @@ def build(profile: dict, rows: list[dict], folder: Path):
     """The profile's student at random init, in the `model` section's dtype, on the device; its tokenizer. Saved
     in `folder` too, as a stage saves a model: GRPO's frozen reference and vLLM load it from there."""
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, count_parameters, train_tokenizer
+    from pipeline.modeling.models import build_student, count_parameters, train_tokenizer
 
     cfg = BaseModelConfig(**profile["base"])
     tokenizer = train_tokenizer([r["prompt"] + r["rationale"] for r in rows], cfg.vocab_size, cfg.digits)
@@ -93,8 +93,9 @@ def build(profile: dict, rows: list[dict], folder: Path):
 
 
 def step_clock():
-    """`pipeline.training.StepTimer` with the device synchronised at both ends of a step (its kernels finished)."""
-    from pipeline.training import StepTimer
+    """`pipeline.training.trainer.StepTimer` with the device synchronised at both ends of a step (its kernels
+    finished)."""
+    from pipeline.training.trainer import StepTimer
 
     class SyncedStepTimer(StepTimer):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -115,11 +116,11 @@ def mfu(parameters: int, tokens_per_second: float, rates: dict) -> dict:
 
 
 def trainable(model):
-    """A copy in float32, as the training stages load a model (`pipeline.models.MASTER_DTYPE`): the trainer then
-    computes in bfloat16 by autocast on a GPU while AdamW updates float32 weights."""
+    """A copy in float32, as the training stages load a model (`pipeline.modeling.models.MASTER_DTYPE`): the trainer
+    then computes in bfloat16 by autocast on a GPU while AdamW updates float32 weights."""
     import copy
 
-    from pipeline.models import MASTER_DTYPE
+    from pipeline.modeling.models import MASTER_DTYPE
 
     return copy.deepcopy(model).to(MASTER_DTYPE)
 
@@ -128,7 +129,7 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
     from trl import SFTTrainer
 
     from pipeline.config import SFTConfig
-    from pipeline.training import prompt_completion_dataset, trainer_args
+    from pipeline.training.trainer import prompt_completion_dataset, trainer_args
 
     cfg = SFTConfig(**profile["sft"])
     model = trainable(model)
@@ -167,7 +168,7 @@ def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: i
 
 def greedy(model, tokenizer, rows, batch: int, new_tokens: int) -> dict:
     """The pipeline's decode loop, greedy, with no early stop (every row writes `new_tokens`): tokens/s."""
-    from pipeline.generation import decode, pad, pad_id
+    from pipeline.inference.generation import decode, pad, pad_id
 
     prompts = [r["prompt"] for r in rows[:batch]]
     ids, mask = pad(tokenizer(prompts)["input_ids"], pad_id(tokenizer), left=True)
@@ -180,7 +181,7 @@ def greedy(model, tokenizer, rows, batch: int, new_tokens: int) -> dict:
     sync()
     seconds = time.perf_counter() - start
     written = sum(len(o) for o in out)
-    return {"engine": "hf (pipeline.generation.decode)", "prompts": len(prompts), "prompt_tokens_mean":
+    return {"engine": "hf (pipeline.inference.generation.decode)", "prompts": len(prompts), "prompt_tokens_mean":
             round(float(mask.sum()) / len(prompts), 1), "new_tokens_each": new_tokens, "new_tokens": written,
             "seconds": round(seconds, 3), "tokens_per_second": round(written / seconds)}
 
@@ -206,7 +207,7 @@ def vllm_greedy(model, tokenizer, rows, batch: int, new_tokens: int) -> dict:
 
 
 def prm_scoring(model, tokenizer, rows, batch: int) -> dict:
-    from pipeline.prm import PRM_MARK, PRMScorer
+    from pipeline.prm.model import PRM_MARK, PRMScorer
 
     setattr(model.config, PRM_MARK, "next_token")
     scorer = PRMScorer(model, tokenizer, batch_size=batch)
@@ -225,7 +226,7 @@ def prm_scoring(model, tokenizer, rows, batch: int) -> dict:
 
 
 def grpo(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: int) -> dict:
-    from pipeline import rl
+    from pipeline.rl import grpo as rl
     from pipeline.config import GRPOStageConfig, RewardsConfig
 
     cfg = GRPOStageConfig(**{**profile["grpo"], "max_steps": steps, "logging_steps": 1, "guided_replay": False})
@@ -235,7 +236,7 @@ def grpo(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: 
     model.train()
     rl_rows = [{"id": r["id"], "prompt": r["prompt"], "answer": r["answer"], "answer_type": r["answer_type"],
                 "rationale": r["rationale"], "step_values": [s["value"] for s in r["steps"] if s["value"]]}
-               for r in rows]  # as `mine` writes them (pipeline/mining.py)
+               for r in rows]  # as `mine` writes them (pipeline/data/mining.py)
     with tempfile.TemporaryDirectory() as work:
         metrics = rl.rl_train(cfg, RewardsConfig(), model, tokenizer, rl_rows, Path(work) / "t", Path(work) / "live")
     timed = clock.times[1:] or clock.times  # the first step carries the warm-up
@@ -259,7 +260,7 @@ def main() -> None:
     parser.add_argument("--parts", default="sft,greedy_hf,greedy_vllm,prm_scoring,grpo",
                         help="comma-separated parts to run after the matrix rate and the model")
     args = parser.parse_args()
-    from pipeline.profiles import resolve
+    from pipeline.orchestration.profiles import resolve
 
     profile = resolve("tiny" if args.tiny else args.profile, args.sets, root=ROOT)
     sizes = ({"questions": 300, "sft_steps": 3, "warmup": 2, "eval_batch": 16, "new_tokens": 16, "prm_paths": 32,

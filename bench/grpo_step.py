@@ -2,7 +2,7 @@
 
 GRPO step time, side by side in one process on the same model (models/sft), data
 (data/mine/rl.parquet), rewards and batch (grpo.prompts_per_step x grpo.num_generations):
-1. the pipeline's GRPO (pipeline.rl: TRL GRPOTrainer with the pipeline's rollout
+1. the pipeline's GRPO (pipeline.rl.grpo: TRL GRPOTrainer with the pipeline's rollout
    function, guided replay off so both runs do the same work);
 2. the same, guided replay on (the default: decoding plus grading and the gold swap);
 3. raw TRL GRPOTrainer with the same GRPOConfig, generating with its own
@@ -23,13 +23,13 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from trl import GRPOTrainer  # noqa: E402
 
-from pipeline import paths  # noqa: E402
+from pipeline.core import paths  # noqa: E402
 from pipeline.config import GRPOStageConfig, RewardsConfig, load_section  # noqa: E402
-from pipeline.io import read_rows  # noqa: E402
-from pipeline.models import load_model  # noqa: E402
-from pipeline.rewards import build_rewards  # noqa: E402
-from pipeline.rl import GuidedRollout, grpo_args, rl_dataset  # noqa: E402
-from pipeline.training import StepTimer  # noqa: E402
+from pipeline.core.io import read_rows  # noqa: E402
+from pipeline.modeling.models import load_model  # noqa: E402
+from pipeline.rl.rewards import build_rewards  # noqa: E402
+from pipeline.rl.grpo import GuidedRollout, grpo_args, rl_dataset  # noqa: E402
+from pipeline.training.trainer import StepTimer  # noqa: E402
 
 
 def median_step(cfg: GRPOStageConfig, rewards: RewardsConfig, rows: list[dict], out: Path, rollout: str,

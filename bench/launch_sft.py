@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.profiles import resolve
-from pipeline.workspace import ROOT, copy_project, write_params
+from pipeline.orchestration.profiles import resolve
+from pipeline.orchestration.workspace import ROOT, copy_project, write_params
 
 TINY_PARAMS = resolve("tiny", root=ROOT)
 

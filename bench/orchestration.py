@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.flows import prefect_server
+from pipeline.orchestration.flows import prefect_server
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -70,7 +70,8 @@ def main() -> None:
     else:
         print("no-op dvc repro: skipped (no dvc.lock; run `make run` first)")
 
-    noop_stage = [sys.executable, "-c", "from pipeline.flows import run_stage; run_stage('noop', lambda: None)"]
+    noop_stage = [sys.executable, "-c",
+                  "from pipeline.orchestration.flows import run_stage; run_stage('noop', lambda: None)"]
     bare = [sys.executable, "-c", "pass"]
     with tempfile.TemporaryDirectory() as home, prefect_server(home=Path(home)) as api:
         env = {**ENV, "PREFECT_API_URL": api, "PREFECT_HOME": home}
@@ -88,7 +89,7 @@ def main() -> None:
           f"process {temporary:.2f} s, ratio {temporary / shared:.1f} (Prefect costs {shared - python:.2f} s a stage)")
     work = {}
     for name, key in (("synthesize", None), ("sft", "train_seconds")):
-        path = ROOT / "timings" / f"{name}.json"  # the last run's seconds (pipeline.io.write_metrics)
+        path = ROOT / "timings" / f"{name}.json"  # the last run's seconds (pipeline.core.io.write_metrics)
         if path.exists() and key:
             work[name] = json.loads(path.read_text())[key]
     for name, seconds in work.items():

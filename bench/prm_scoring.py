@@ -3,7 +3,7 @@
 
 PRM scoring throughput, side by side in one process on the same PRM and the same
 candidates:
-1. the pipeline's batched scorer (pipeline.prm.PRMScorer: batches of
+1. the pipeline's batched scorer (pipeline.prm.model.PRMScorer: batches of
    `evaluate.decoding.prm_batch_size` paths, every line of every path scored in one
    forward pass, the prefix that paths of one prompt share read once);
 2. baseline: the same scorer with batch size 1, one candidate at a time (one plain
@@ -38,13 +38,13 @@ import time
 
 import torch
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import EvaluateConfig, load_section
-from pipeline.generation import LocalSampler
-from pipeline.io import read_rows
-from pipeline.models import load_model
-from pipeline.prm import PRMScorer, encode_many, scored_lines, shared_prefix
-from pipeline.search import StepPolicy, beam_search, prm_mcts
+from pipeline.inference.generation import LocalSampler
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import load_model
+from pipeline.prm.model import PRMScorer, encode_many, scored_lines, shared_prefix
+from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 
 WORKLOADS = ("heldout", "best_of_n", "beam", "mcts")
 Call = tuple[list[str], list[tuple[str, ...]]]

@@ -4,7 +4,7 @@ What reading each token's own logit buys a PRM whose vocabulary is a real tokeni
 default) rather than the embedded default's 952. A Qwen2 of that width is built from a config (random weights:
 nothing can be downloaded here, and neither time nor memory depends on the weights) and scores the first
 `--paths` held-out paths of data/prm_data/val.parquet (the pipeline's tokenizer: ids stay below its vocabulary;
-the head still has every row) with `pipeline.prm.PRMScorer` twice, each in a fresh process:
+the head still has every row) with `pipeline.prm.model.PRMScorer` twice, each in a fresh process:
 
 - `plain`: the default, each verdict one dot product through the plain LM head;
 - `full`: `full_logits=True`, the whole vocabulary at every position (what the scorer did before).
@@ -31,10 +31,10 @@ MODES = ("plain", "full")
 def measure(args) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from pipeline import paths
-    from pipeline.io import read_rows
-    from pipeline.models import default_device, load_tokenizer
-    from pipeline.prm import PRMScorer
+    from pipeline.core import paths
+    from pipeline.core.io import read_rows
+    from pipeline.modeling.models import default_device, load_tokenizer
+    from pipeline.prm.model import PRMScorer
 
     tokenizer = load_tokenizer(paths.model_dir("prm"))
     rows = read_rows(paths.split_file("val", "prm_data"))[: args.paths]

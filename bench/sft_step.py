@@ -1,8 +1,8 @@
 """python bench/sft_step.py [--steps 30]
 
 SFT step time, side by side in one process on the same model, data and batch:
-1. the pipeline's SFT (pipeline.training.trainer_args and sft_trainer_class: TRL's SFTTrainer with CPU settings and
-   length-grouped batches, and without CUDA its loss through the model's plain LM head);
+1. the pipeline's SFT (pipeline.training.trainer.trainer_args and sft_trainer_class: TRL's SFTTrainer with CPU
+   settings and length-grouped batches, and without CUDA its loss through the model's plain LM head);
 2. TRL's own SFTTrainer (its fused LM head) with the same settings and batches;
 3. raw TRL SFTTrainer with the same settings but random batches;
 4. raw TRL SFTTrainer with TRL's own defaults (bf16 autocast, gradient
@@ -21,11 +21,11 @@ import torch
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import load_section
-from pipeline.io import read_rows
-from pipeline.models import load_model
-from pipeline.training import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import load_model
+from pipeline.training.trainer import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
 
 
 def median_step(args: TRLSFTConfig, rows: list[dict], warmup: int = 3, trainer_class=SFTTrainer) -> float:

@@ -3,7 +3,7 @@
 The pipeline on a real pretrained model, SmolLM2-135M-Instruct (pretrained/SmolLM2-135M-Instruct; fetched and
 converted first when missing: `python -m pipeline fetch smollm2`), side by side in one process:
 
-- decode: greedy and sampled tokens/s of the pipeline's decode loop (pipeline.generation.generate: a KV cache,
+- decode: greedy and sampled tokens/s of the pipeline's decode loop (pipeline.inference.generation.generate: a KV cache,
   finished rows leave the batch) against transformers' `model.generate` on the same chart questions, rendered
   through the model's chat template, in the same length-sorted batches of `--batch` sequences, `--new-tokens`
   at most (tokens counted up to and including the end-of-turn token);
@@ -37,7 +37,7 @@ SYSTEM = "Answer the question about the chart's table. Reason in short steps, on
 
 def questions(n: int) -> list[dict]:
     """Chart test questions of the default generator, with their gold rationales."""
-    from pipeline.cof.generate import generate_dataset
+    from pipeline.data.cof.generate import generate_dataset
     from pipeline.config import SynthesizeConfig
 
     rows, _ = generate_dataset(SynthesizeConfig(n_train=max(n, 8), n_val=1, n_test=n, n_ood=0, render_charts=0))
@@ -45,7 +45,7 @@ def questions(n: int) -> list[dict]:
 
 
 def rendered(tokenizer, rows: list[dict]) -> list[str]:
-    from pipeline import chat
+    from pipeline.modeling import chat
     from pipeline.config import PromptConfig
 
     chat.use(PromptConfig(format="chat", system=SYSTEM))
@@ -76,7 +76,7 @@ def timed(fn) -> tuple[float, object]:
 
 
 def decode_part(model, tokenizer, texts: list[str], args) -> dict:
-    from pipeline.generation import generate
+    from pipeline.inference.generation import generate
 
     out = {}
     for mode, sample in (("greedy", False), ("sampled", True)):
@@ -155,8 +155,8 @@ def sft_part(folder: Path, rows: list[dict], args) -> dict:
     from trl import SFTTrainer
 
     from pipeline.config import TrainConfig
-    from pipeline.models import MASTER_DTYPE, load_model
-    from pipeline.training import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
+    from pipeline.modeling.models import MASTER_DTYPE, load_model
+    from pipeline.training.trainer import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
 
     out = {}
     for name, cls in (("pipeline", sft_trainer_class()), ("trl", SFTTrainer)):
@@ -180,10 +180,10 @@ def grpo_part(folder: Path, rows: list[dict], args) -> dict:
     from trl import GRPOTrainer
 
     from pipeline.config import GRPOStageConfig, RewardsConfig
-    from pipeline.models import MASTER_DTYPE, load_model
-    from pipeline.rewards import build_rewards
-    from pipeline.rl import GuidedRollout, grpo_args, rl_dataset
-    from pipeline.training import StepTimer
+    from pipeline.modeling.models import MASTER_DTYPE, load_model
+    from pipeline.rl.rewards import build_rewards
+    from pipeline.rl.grpo import GuidedRollout, grpo_args, rl_dataset
+    from pipeline.training.trainer import StepTimer
 
     cfg = GRPOStageConfig(max_steps=args.steps + 1, prompts_per_step=2, num_generations=4, max_completion_length=96,
                           learning_rate=2e-5, warmup_steps=0, logging_steps=1, guided_replay=False)
@@ -220,10 +220,10 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
-    from pipeline import pretrained
-    from pipeline.chat import use
+    from pipeline.modeling import pretrained
+    from pipeline.modeling.chat import use
     from pipeline.config import PromptConfig
-    from pipeline.models import load_model
+    from pipeline.modeling.models import load_model
 
     folder = pretrained.fetch("smollm2")
     rows = questions(args.prompts)

@@ -19,8 +19,8 @@ import argparse
 import random
 import time
 
-from pipeline.cof.generate import SPLITS, block_count, generate_dataset
-from pipeline.cof.tables import random_table
+from pipeline.data.cof.generate import SPLITS, block_count, generate_dataset
+from pipeline.data.cof.tables import random_table
 from pipeline.config import SynthesizeConfig, load_section
 
 

@@ -2,7 +2,7 @@
 
 Teacher sampling throughput, side by side in one process on the same model,
 prompts and sampling params:
-1. the pipeline's batched sampler (pipeline.generation.LocalSampler: length-sorted
+1. the pipeline's batched sampler (pipeline.inference.generation.LocalSampler: length-sorted
    batches of `distill.batch_size` sequences, K samples per prompt, finished
    rows leave the batch);
 2. transformers' `model.generate` on the same length-sorted batches (finished
@@ -19,15 +19,15 @@ import time
 
 import torch
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import DistillConfig, TeacherConfig, load_section
-from pipeline.generation import Generation, LocalSampler
-from pipeline.io import read_rows
-from pipeline.models import build_teacher, load_tokenizer
+from pipeline.inference.generation import Generation, LocalSampler
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import build_teacher, load_tokenizer
 
 
 def teacher():
-    from pipeline.teacher import load_local
+    from pipeline.inference.teacher import load_local
 
     if (paths.model_dir("teacher") / "model.safetensors").exists():
         return load_local(paths.model_dir("teacher")), "models/teacher"

@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
-from pipeline.drills import train_drills
-from pipeline.io import read_rows
-from pipeline.models import base_model, build_student
+from pipeline.training.drills import train_drills
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import base_model, build_student
 
 
 def main() -> None:

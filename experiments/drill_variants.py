@@ -30,13 +30,13 @@ import time
 
 import torch
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
-from pipeline.cof.tables import random_table
-from pipeline.drills import drill, encode, exact, fit, table_row, train_drills
-from pipeline.generation import pad_id
-from pipeline.io import read_rows
-from pipeline.models import base_model, build_student
+from pipeline.data.cof.tables import random_table
+from pipeline.training.drills import drill, encode, exact, fit, table_row, train_drills
+from pipeline.inference.generation import pad_id
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import base_model, build_student
 
 KEYS = {"name", "lr", "steps", "task", "mix", "batch"}
 

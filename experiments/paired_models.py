@@ -4,7 +4,7 @@
 
 Each `A:B` prints A's accuracy minus B's over the questions both answered (data/evaluate/<model>/
 predictions.parquet of this workspace, or `--dir`), with the standard error and 95% interval of a paired
-bootstrap (pipeline.compare.paired_bootstrap). `--reading strict` grades by the task's answer format,
+bootstrap (pipeline.evaluation.compare.paired_bootstrap). `--reading strict` grades by the task's answer format,
 `lenient` by the last number or answer word of the reply. A model name may also be a predictions file, for
 a run kept elsewhere (a DVC experiment's, copied out).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.compare import paired_bootstrap
-from pipeline.io import read_rows
+from pipeline.evaluation.compare import paired_bootstrap
+from pipeline.core.io import read_rows
 
 
 def predictions(name: str, folder: Path, split: str, reading: str) -> list[dict]:

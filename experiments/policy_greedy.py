@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.cof.generate import more_questions
+from pipeline.data.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
-from pipeline.evaluation import score
-from pipeline.generation import LocalSampler
-from pipeline.models import load_model
+from pipeline.evaluation.metrics import score
+from pipeline.inference.generation import LocalSampler
+from pipeline.modeling.models import load_model
 
 
 def main() -> None:

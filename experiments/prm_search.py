@@ -2,7 +2,7 @@
 [--iterations 12,24] [--beam]
 
 Does PRM-guided search hold beyond the evaluated test split? Runs greedy
-decoding, PRM-MCTS (pipeline.search.prm_mcts, at each `--iterations`, with
+decoding, PRM-MCTS (pipeline.evaluation.search.prm_mcts, at each `--iterations`, with
 `evaluate.decoding`'s children, UCB constant and step limits) and, with
 `--beam`, step-level beam search, on `--questions` new val or test questions
 (`--fresh-seed`: new tables and chains from the CoF generator, as
@@ -17,15 +17,15 @@ import argparse
 import json
 import time
 
-from pipeline import paths
-from pipeline.cof.generate import more_questions
+from pipeline.core import paths
+from pipeline.data.cof.generate import more_questions
 from pipeline.config import EvaluateConfig, SynthesizeConfig, load_section
-from pipeline.decoding import paired_difference
-from pipeline.evaluation import score
-from pipeline.generation import LocalSampler
-from pipeline.models import load_model
-from pipeline.prm import PRMScorer
-from pipeline.search import StepPolicy, beam_search, prm_mcts
+from pipeline.evaluation.decoding import paired_difference
+from pipeline.evaluation.metrics import score
+from pipeline.inference.generation import LocalSampler
+from pipeline.modeling.models import load_model
+from pipeline.prm.model import PRMScorer
+from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 
 
 def main() -> None:

@@ -46,17 +46,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline import paths
-from pipeline.cof.generate import more_questions
+from pipeline.core import paths
+from pipeline.data.cof.generate import more_questions
 from pipeline.config import SynthesizeConfig, load_section
-from pipeline.decoding import paired_difference
-from pipeline.evaluation import majority_vote, weighted_majority
-from pipeline.generation import LocalSampler, pad
-from pipeline.grading import extract_answer
-from pipeline.io import read_rows
-from pipeline.models import load_model
-from pipeline.prm import EMPTY_SCORE, PRMScorer, aggregate, encode_many, is_terminal, scored_lines
-from pipeline.rewards import is_correct
+from pipeline.evaluation.decoding import paired_difference
+from pipeline.evaluation.metrics import majority_vote, weighted_majority
+from pipeline.inference.generation import LocalSampler, pad
+from pipeline.data.grading import extract_answer
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import load_model
+from pipeline.prm.model import EMPTY_SCORE, PRMScorer, aggregate, encode_many, is_terminal, scored_lines
+from pipeline.rl.rewards import is_correct
 
 
 @torch.inference_mode()

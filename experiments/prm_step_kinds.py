@@ -2,7 +2,7 @@
 
 Where is the PRM blind? Held-out AUROC per kind of step on the labelled lines
 of data/prm_data/val.parquet: a line's kind is the rationale template
-(pipeline/cof/verbalize.STEPS, read by pipeline.contrast.step_kind) its text matches ("The largest of them is
+(pipeline/data/cof/verbalize.STEPS, read by pipeline.prm.contrast.step_kind) its text matches ("The largest of them is
 {v}." -> max_one_object), "answer" for the `Answer:` line, "arithmetic/other"
 for the rest (sums, differences). Prints per kind the lines, the share right
 and the AUROC, most lines first. Needs data/prm_data and a PRM (`make run`).
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.contrast import step_kind
-from pipeline.io import read_rows
-from pipeline.prm import PRMScorer, auroc
+from pipeline.prm.contrast import step_kind
+from pipeline.core.io import read_rows
+from pipeline.prm.model import PRMScorer, auroc
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 One PRM per JSON argument, each measured the way the issue's targets are stated:
 held-out AUROC and within-question pair accuracy on data/prm_data/val.parquet
-(pipeline.prm.held_out), and best-of-N accuracy against greedy and maj@N on the
+(pipeline.prm.model.held_out), and best-of-N accuracy against greedy and maj@N on the
 first `--questions` test questions, all variants picking among the same N samples
 of the policy (`prm_data.policy`, at `evaluate.k_temperature`).
 
@@ -36,17 +36,18 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from pipeline import paths, training
+from pipeline.core import paths
+from pipeline.training import trainer as training
 from pipeline.config import (BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig,
                              SynthesizeConfig, load_section)
-from pipeline.decoding import Decoder
-from pipeline.evaluation import score
-from pipeline.generation import LocalSampler
-from pipeline.grading import step_value
-from pipeline.io import read_rows, sample_rows
-from pipeline.models import build_student, default_device, load_model, load_tokenizer, save_model
-from pipeline.prm import (AGGREGATIONS, PRMScorer, chain_rows, held_out, line_labels, new_questions, prm_from_policy,
-                          training_rows)
+from pipeline.evaluation.decoding import Decoder
+from pipeline.evaluation.metrics import score
+from pipeline.inference.generation import LocalSampler
+from pipeline.data.grading import step_value
+from pipeline.core.io import read_rows, sample_rows
+from pipeline.modeling.models import build_student, default_device, load_model, load_tokenizer, save_model
+from pipeline.prm.model import (AGGREGATIONS, PRMScorer, chain_rows, held_out, line_labels, new_questions,
+                                prm_from_policy, training_rows)
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import RankDrillConfig, SynthesizeConfig, load_section
-from pipeline.drills import train_rank_drill
-from pipeline.io import read_rows
-from pipeline.models import load_model, save_model
+from pipeline.training.drills import train_rank_drill
+from pipeline.core.io import read_rows
+from pipeline.modeling.models import load_model, save_model
 
 
 def main() -> None:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from pipeline import paths  # noqa: E402
+from pipeline.core import paths  # noqa: E402
 from pipeline.config import DPOStageConfig, GRPOStageConfig, RewardsConfig, load_section  # noqa: E402
-from pipeline.evaluation import score, summarize  # noqa: E402
-from pipeline.generation import LocalSampler  # noqa: E402
-from pipeline.io import read_rows  # noqa: E402
-from pipeline.models import load_model  # noqa: E402
+from pipeline.evaluation.metrics import score, summarize  # noqa: E402
+from pipeline.inference.generation import LocalSampler  # noqa: E402
+from pipeline.core.io import read_rows  # noqa: E402
+from pipeline.modeling.models import load_model  # noqa: E402
 
 
 def greedy_accuracy(model, tokenizer, splits: list[str]) -> dict[str, float]:
@@ -37,8 +37,8 @@ def greedy_accuracy(model, tokenizer, splits: list[str]) -> dict[str, float]:
 
 
 def run(overrides: dict, splits: list[str], work: Path) -> dict:
-    from pipeline.rl import rl_train
-    from pipeline.training import dpo_train
+    from pipeline.rl.grpo import rl_train
+    from pipeline.training.trainer import dpo_train
 
     overrides = dict(overrides)
     model, tokenizer = load_model(paths.model_dir("sft"))

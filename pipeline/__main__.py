@@ -24,7 +24,7 @@ import sys
 
 def _resolution(args: argparse.Namespace) -> tuple[str, list[str]]:
     """(profile, overrides) asked for: -S and --seed alone compose on the profile params.yaml records."""
-    from pipeline import profiles
+    from pipeline.orchestration import profiles
     from pipeline.config import params_path
 
     sets = [*(profiles.seed_sets(args.seed) if args.seed is not None else []), *args.set]
@@ -38,7 +38,7 @@ def _resolution(args: argparse.Namespace) -> tuple[str, list[str]]:
 def _write_params(args: argparse.Namespace) -> str | None:
     """Rewrite params.yaml when a profile, -S or --seed was given (exit 2 on a bad one, nothing written); a line
     saying what it now holds, when rewritten."""
-    from pipeline import profiles
+    from pipeline.orchestration import profiles
 
     if args.profile is None and not args.set and args.seed is None:
         return None
@@ -51,13 +51,13 @@ def _write_params(args: argparse.Namespace) -> str | None:
 
 
 def _repro(args: argparse.Namespace) -> int:
-    from pipeline import runlock
-    from pipeline.flows import expected_errors
+    from pipeline.orchestration import runlock
+    from pipeline.orchestration.flows import expected_errors
 
     with expected_errors():
-        from pipeline.compare import parse_gate
+        from pipeline.evaluation.compare import parse_gate
         from pipeline.config import ConfigError
-        from pipeline.versions import missing_remote, uncommitted_files
+        from pipeline.core.versions import missing_remote, uncommitted_files
 
         for spec in args.gate:
             try:
@@ -81,7 +81,7 @@ def _repro(args: argparse.Namespace) -> int:
 def _lock_timeout(args: argparse.Namespace) -> float:
     """`repro.lock_timeout` as this run will have it: -S and --profile count (they are written only once the
     lock is held)."""
-    from pipeline import profiles
+    from pipeline.orchestration import profiles
     from pipeline.config import active_section
 
     if args.profile is None and not args.set and args.seed is None:
@@ -93,16 +93,17 @@ def _lock_timeout(args: argparse.Namespace) -> float:
 
 
 def _repro_locked(args: argparse.Namespace) -> int:
-    from pipeline import runlock
-    from pipeline.flows import expected_errors, prefect_server
+    from pipeline.orchestration import runlock
+    from pipeline.orchestration.flows import expected_errors, prefect_server
 
     _note_dead_locks(runlock.release_dead_dvc_locks())  # a killed run's, which would stop dvc repro
     for path in runlock.remove_dead_temporaries():
         print(f"removed {path}, left by a killed stage", file=sys.stderr)
     _pass_sigterm_on()
     with expected_errors():
-        from pipeline.config import params_path, validate_all
-        from pipeline.io import atomic_write_text
+        from pipeline.config import params_path
+        from pipeline.orchestration.validation import validate_all
+        from pipeline.core.io import atomic_write_text
 
         path = params_path()
         before = path.read_text() if path.exists() else None
@@ -121,7 +122,7 @@ def _repro_locked(args: argparse.Namespace) -> int:
     with prefect_server() as api_url:
         # Set before Prefect is imported, so this process and every stage process DVC spawns use it.
         os.environ["PREFECT_API_URL"] = api_url
-        from pipeline.orchestrate import STATED_FAILURES, failure_code, repro_flow
+        from pipeline.orchestration.orchestrate import STATED_FAILURES, failure_code, repro_flow
 
         with expected_errors():
             state = repro_flow(targets=args.targets, force=args.force, pull=args.pull, push=args.push,
@@ -134,12 +135,12 @@ def _repro_locked(args: argparse.Namespace) -> int:
 
 
 def _fetch_named_models() -> None:
-    """Fetch and convert the known pretrained models (`pipeline.pretrained.KNOWN`) that params.yaml's
+    """Fetch and convert the known pretrained models (`pipeline.modeling.pretrained.KNOWN`) that params.yaml's
     `base.model` or `teacher.model` name and that are not converted yet (`make run PROFILE=smollm2` on a fresh
     clone)."""
     import yaml
 
-    from pipeline import pretrained
+    from pipeline.modeling import pretrained
     from pipeline.config import params_path
 
     params = yaml.safe_load(params_path().read_text()) or {}
@@ -150,8 +151,8 @@ def _fetch_named_models() -> None:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from pipeline import pretrained
-    from pipeline.flows import expected_errors
+    from pipeline.modeling import pretrained
+    from pipeline.orchestration.flows import expected_errors
 
     with expected_errors():
         for name in args.name:
@@ -161,14 +162,14 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _known_models() -> list[str]:
-    from pipeline.pretrained import KNOWN
+    from pipeline.modeling.pretrained import KNOWN
 
     return list(KNOWN)
 
 
 def _params(args: argparse.Namespace) -> int:
-    from pipeline import profiles
-    from pipeline.flows import expected_errors
+    from pipeline.orchestration import profiles
+    from pipeline.orchestration.flows import expected_errors
 
     with expected_errors():
         if args.list:
@@ -189,7 +190,8 @@ def _warn_if_refused() -> None:
     """The checks across sections and against this machine that `repro` runs first (a dataset task's labels, the
     models to load, vLLM, the cores or GPUs for `launch`): params written for another machine may fail them
     here, so `params --write` only warns, and `repro` refuses."""
-    from pipeline.config import ConfigError, validate_all
+    from pipeline.config import ConfigError
+    from pipeline.orchestration.validation import validate_all
 
     try:
         validate_all()
@@ -203,8 +205,8 @@ def _schedule(args: argparse.Namespace) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         print("error: PREFECT_API_URL is not set; start a server first (make server)", file=sys.stderr)
         return 2
-    from pipeline import schedule
-    from pipeline.flows import expected_errors
+    from pipeline.orchestration import schedule
+    from pipeline.orchestration.flows import expected_errors
 
     with expected_errors():
         deployment = schedule.load(args.name)
@@ -218,7 +220,7 @@ def _schedule(args: argparse.Namespace) -> int:
 def _server(args: argparse.Namespace) -> int:
     """Whether the shared server runs (exit 0, its URL on the first line) or not (exit 1); --start starts one when
     none runs, --stop stops it. Asking alone starts nothing and is not a use (its idle clock runs on)."""
-    from pipeline.flows import shared_server, shared_server_status, stop_shared_server
+    from pipeline.orchestration.flows import shared_server, shared_server_status, stop_shared_server
 
     if args.start and args.stop:
         print("error: server: --start or --stop, not both", file=sys.stderr)
@@ -244,7 +246,7 @@ def _server(args: argparse.Namespace) -> int:
 
 def _stops(status: dict) -> str:
     """How the shared server will stop, in words."""
-    from pipeline.flows import IDLE_SECONDS
+    from pipeline.orchestration.flows import IDLE_SECONDS
 
     seconds = status.get("idle_seconds")
     when = ("it does not stop by itself (its idle time is 0)" if seconds is not None and seconds <= 0 else
@@ -256,9 +258,9 @@ def _stops(status: dict) -> str:
 def _result_columns() -> tuple[tuple[str, str], ...]:
     """The results table's columns: this run, titled by the profile params.yaml records, then the README's chart
     snapshots (docs/results/), which only a run of the chart task sits beside."""
-    from pipeline import profiles
+    from pipeline.orchestration import profiles
     from pipeline.config import active_section, params_path
-    from pipeline.report import RESULT_COLUMNS
+    from pipeline.evaluation.report import RESULT_COLUMNS
 
     path = params_path()
     profile, sets = profiles.header_of(path.read_text()) if path.exists() else (profiles.DEFAULT, [])
@@ -275,10 +277,12 @@ REGRESSED, CANNOT_JUDGE = 1, 3
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pipeline.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.compare import bootstrap_markdown, compare_models, is_commit, judge, parse_gate, resolve_rev, shown
-    from pipeline.report import (STUDENTS, decoding_markdown, generalisation_markdown, load_evaluations,
-                                 results_markdown)
+    from pipeline.orchestration.orchestrate import diff_markdown, metrics_rows, models_markdown
+    from pipeline.evaluation.compare import (bootstrap_markdown, compare_models, is_commit, judge, parse_gate,
+                                             resolve_rev, shown)
+    from pipeline.core.registry import STUDENTS
+    from pipeline.evaluation.report import (decoding_markdown, generalisation_markdown, load_evaluations,
+                                            results_markdown)
 
     if args.results:  # the README's results table: this run beside the snapshots in docs/results/
         if args.rev or args.fail_on_regression or args.metrics:
@@ -354,13 +358,13 @@ def _pass_sigterm_on() -> None:
     import psutil
 
     def stop(signum: int, frame: object) -> None:
-        from pipeline.runlock import stop_tree
+        from pipeline.core.processes import stop_tree
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         for child in psutil.Process().children():
             try:
-                if "pipeline.tether" in child.cmdline():
+                if "pipeline.orchestration.tether" in child.cmdline():
                     # the Prefect server: it stops on the way out, after the run's crash and logs reach it (stopped
                     # first, Prefect's log handler retried the dead server for over a minute before exiting)
                     continue
@@ -382,8 +386,8 @@ def _note_dead_locks(pids: list[int]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from pipeline import runlock
-    from pipeline.orchestrate import dvc
+    from pipeline.orchestration import runlock
+    from pipeline.orchestration.orchestrate import dvc
 
     _note_dead_locks(runlock.release_dead_dvc_locks())
     return dvc("status", *args.targets).returncode

@@ -18,13 +18,11 @@ from typing import Annotated, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.paths import PRETRAINED, SPLITS
+from pipeline.core.io import ConfigError
+from pipeline.core.paths import PRETRAINED, SPLITS
+from pipeline.core.registry import EVALUATED, TRAINING_STAGES
 
 PARAMS_FILE = "params.yaml"
-
-
-class ConfigError(Exception):
-    """Bad params: the message names the file and the key."""
 
 
 class Section(BaseModel):
@@ -135,9 +133,10 @@ class SynthesizeConfig(Section):
         if any(w < 0 for w in self.answer_type_weights.values()) or not sum(self.answer_type_weights.values()) > 0:
             raise ValueError("answer_type_weights: shares must be >= 0 with a positive sum (leave a type out to drop "
                              "it)")
-        from pipeline.cof.generate import parse_held_out  # the generator's own check, before DVC deletes its outputs
-
-        parse_held_out(self.ood_held_out_pairs)
+        # the shape here; the function names by the generator's own check (validate_all, and the stage)
+        for pair in self.ood_held_out_pairs:
+            if pair.count(">") != 1:
+                raise ValueError(f"ood_held_out_pairs: {pair!r} is not 'f>g' with known functions")
         return self
 
 
@@ -150,7 +149,8 @@ def check_heads(cfg: "BaseModelConfig | TeacherConfig") -> None:
 
 
 class DrillConfig(Section):
-    """`base.drills`: table-reading drills a student built from scratch trains on before SFT (pipeline/drills.py)."""
+    """`base.drills`: table-reading drills a student built from scratch trains on before SFT
+    (pipeline/training/drills.py)."""
 
     seed: int = Field(0, ge=0, description="RNG seed of the random tables and the keys asked")
     colour_steps: int = Field(6000, ge=0, description="most steps of every key asked in turn, values as colour words "
@@ -176,7 +176,7 @@ class DrillConfig(Section):
 
 
 class RankDrillConfig(Section):
-    """`sft.rank_drill`: the ranking drill the student trains on after SFT (pipeline/drills.py), so that every
+    """`sft.rank_drill`: the ranking drill the student trains on after SFT (pipeline/training/drills.py), so that every
     policy after `sft` and the PRM started from it rank a listed set."""
 
     seed: int = Field(0, ge=0, description="RNG seed of the random tables and the ranks asked")
@@ -196,7 +196,7 @@ class RankDrillConfig(Section):
 
 # What `base.model_dependency` and `teacher.model_dependency` hold when no local model folder is loaded: a file both
 # stages already list among their code dependencies, so the DVC dependency always resolves.
-NO_MODEL_DEPENDENCY = "pipeline/models.py"
+NO_MODEL_DEPENDENCY = "pipeline/modeling/models.py"
 # Folders of this pipeline's own outputs: a model there is a stage's output, never a DVC dependency (a cycle)
 PIPELINE_OUTPUTS = ("models", "data")
 
@@ -521,7 +521,7 @@ class CustomReward(Section):
 
 
 class RewardsConfig(Section):
-    """`rewards`: the reward library (pipeline/rewards.py) as GRPO uses it: which rewards, their weights, options.
+    """`rewards`: the reward library (pipeline/rl/rewards.py) as GRPO uses it: which rewards, their weights, options.
 
     The total reward of a completion is the weighted sum; a reward that returns None (its gold cannot be
     parsed) is left out of the sum rather than counted as full credit.
@@ -686,7 +686,7 @@ class PRMDataConfig(Section):
 
     seed: int = Field(0, ge=0, description="question sample and sampling seed")
     # a model stage upstream of prm_data (models/<policy> is its DVC dependency): not prm itself, which it feeds
-    policy: Literal["base", "teacher", "sft", "sft_extended", "grpo", "dpo"] = Field(
+    policy: Literal[EVALUATED] = Field(  # type: ignore[valid-type]
         "sft", description="the policy under models/ whose steps are labelled (and the PRM starts from)")
     question_seed: int = Field(1, ge=0, description="the CoF generator's seed for the new training questions (not "
                                "synthesize.seed)")
@@ -726,7 +726,7 @@ class PRMConfig(Section):
                                 "data/prm_data/chains.parquet (0: no chains; why: study `prm-writes-gold-chains`)")
     contrast: int = Field(0, ge=0, description="contrast paths from the gold chains of data/prm_data/chains.parquet: "
                           "at each choice step (a largest, a subset, a Yes/No, a count) the chain cut there, and up "
-                          "to this many copies with a wrong choice (pipeline/contrast.py; 0: none)")
+                          "to this many copies with a wrong choice (pipeline/prm/contrast.py; 0: none)")
     pair_weight: float = Field(0.0, ge=0, description="weight of the within-question ranking loss: a right path's "
                                "mean line score above a wrong one's of the same question (0: off; tried: study "
                                "`ranking-drill-with-digit-pairs`)")
@@ -883,7 +883,7 @@ class EvaluateConfig(Section):
 
 
 class DatasetConfig(Section):
-    """`task.dataset`: a user's dataset, read by `pipeline.task_data`."""
+    """`task.dataset`: a user's dataset, read by `pipeline.data.task_data`."""
 
     path: str = Field(..., min_length=1, description="a local parquet, JSONL or CSV file or folder, or a Hugging "
                       "Face dataset id")
@@ -930,7 +930,7 @@ class DatasetConfig(Section):
 
 # What `task.data_dependency` holds when there is no local dataset file to watch: a file every checkout has (the
 # dataset reader, already among the data stage's code dependencies), so the DVC dependency always resolves.
-NO_DATA_DEPENDENCY = "pipeline/task_data.py"
+NO_DATA_DEPENDENCY = "pipeline/data/task_data.py"
 
 
 def is_local_dataset(path: str) -> bool:
@@ -1051,7 +1051,7 @@ class LoraConfig(Section):
         return bool(getattr(self, stage))
 
 
-TrainingStage = Literal["teacher", "sft", "sft_extended", "grpo", "dpo", "prm"]
+TrainingStage = Literal[TRAINING_STAGES]  # type: ignore[valid-type]
 
 
 class LaunchOverride(Section):
@@ -1064,8 +1064,8 @@ class LaunchOverride(Section):
 
 class LaunchConfig(Section):
     """`launch`: how the training stages (teacher, sft, sft_extended, grpo, dpo, prm) run: one process, or several
-    through `accelerate launch` (pipeline/launch.py). No stage declares this section among its DVC params, so
-    changing it re-runs nothing (`dvc repro -f -s <stage>` does); each process gets per_device_train_batch_size
+    through `accelerate launch` (pipeline/orchestration/launch.py). No stage declares this section among its DVC params,
+    so changing it re-runs nothing (`dvc repro -f -s <stage>` does); each process gets per_device_train_batch_size
     rows a step, so N processes train on N times the batch."""
 
     num_processes: int = Field(1, ge=1, description="processes in all, over every machine (one per GPU; on a CPU, "
@@ -1248,43 +1248,6 @@ def load_section(name: str, model: type[S] | None = None, path: Path | None = No
     model = model or SECTIONS[name]  # type: ignore[assignment]
     data = read_params(path)
     return parse_section(name, model, data.get(name), path, complete=True)
-
-
-def validate_all(path: Path | None = None) -> dict[str, Section]:
-    """Every known section at once (used by `python -m pipeline repro` before it starts DVC)."""
-    path = path or params_path()
-    data = read_params(path)
-    unknown = sorted(set(data) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"{path}: {unknown[0]}: unknown section (known: {', '.join(SECTIONS)})")
-    sections = {name: parse_section(name, model, data.get(name), path, complete=True)
-                for name, model in SECTIONS.items()}
-    check_task_fit(sections["task"], sections["prm"], path, sections["rewards"])
-    from pipeline.chat import check_models  # loads tokenizers: transformers only when validating
-
-    check_models(sections["prompt"], sections["base"], sections["teacher"], path)
-    check_vllm_loads_whole_models(sections["generation"], sections["grpo"], sections["lora"], path)
-    from pipeline.engines import require_vllm  # vLLM asked for: installed, and a CUDA device to run it
-
-    if sections["generation"].engine == "vllm":
-        require_vllm("generation.engine", path)
-    if sections["grpo"].use_vllm:
-        require_vllm("grpo.use_vllm", path)
-        from pipeline import launch, vllm_server  # a server the stage starts: GPUs for it beside the training
-
-        if vllm_server.starts_server(sections["grpo"]):
-            plan = launch.plan_for("grpo", sections["launch"])
-            vllm_server.split_gpus(sections["grpo"], plan.num_processes if plan else 1, vllm_server.visible_gpus(),
-                                   path)
-    for key, train in (("sft", sections["sft"]), ("teacher.train", sections["teacher"].train)):
-        check_packing(train, sections["model"], key, path)
-    check_attention(sections["model"], path)
-    from pipeline import launch  # this machine's GPUs or cores against each training stage's processes
-
-    for stage in launch.TRAINING_STAGES:
-        if (plan := launch.plan_for(stage, sections["launch"])) is not None:
-            launch.check(plan, sections["lora"])
-    return sections
 
 
 def check_vllm_loads_whole_models(generation: GenerationConfig, grpo: GRPOStageConfig, lora: LoraConfig,

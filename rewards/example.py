@@ -11,7 +11,7 @@ completion, or None where it cannot judge (left out of the weighted sum).
 
 from __future__ import annotations
 
-from pipeline.rewards import completion_text
+from pipeline.rl.rewards import completion_text
 
 # Completions longer than this many words get no brevity credit.
 BREVITY_WORDS = 60

@@ -5,7 +5,7 @@ Image-to-video data (docs/methods.md, "Image-to-video data"; after VEGGIE): the 
 a source clip (camera zoom/pan/rotation with easing, and the table's values
 moving from one state to another, redrawn every frame), an edit instruction,
 and a target clip with the same motion and the edit applied to every frame
-(pipeline/video/). Samples that fail a filter (temporal SSIM, motion,
+(pipeline/data/video/). Samples that fail a filter (temporal SSIM, motion,
 preservation outside the edit mask) are counted and dropped; kept samples get
 temporal questions (`Step k:` chains over the frames) in the reasoning-example
 columns, which `sft.mix` can add to SFT.
@@ -31,16 +31,17 @@ from pathlib import Path
 import pyarrow as pa
 from PIL import Image
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import AnimateConfig, TaskConfig, load_section
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import (
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.core.io import (
     EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_manifest, write_rows, write_metrics,
 )
-from pipeline.plots import bar_chart, fill_skipped
-from pipeline.video.backends import check_backend, make_backend
-from pipeline.video.clips import contact_sheet, write_gif, write_mp4
-from pipeline.video.sample import Sample, make_sample, parse_table
+from pipeline.core.plots import bar_chart, fill_skipped
+from pipeline.data.video.backends import check_backend, make_backend
+from pipeline.data.video.clips import contact_sheet, write_gif, write_mp4
+from pipeline.data.video.sample import Sample, make_sample, parse_table
 
 SCORES = ("temporal_ssim", "motion", "preserved_psnr", "preserved_ssim", "edited_area")
 FILTERS = ("temporal", "motion", "preservation", "edited_area")

@@ -2,7 +2,7 @@
 
 The student before SFT. By default built here: a BPE tokenizer trained on the
 synthetic training corpus, a small Qwen2 from `base` params, then the
-table-reading drills of `base.drills` (pipeline/drills.py) on new random
+table-reading drills of `base.drills` (pipeline/training/drills.py) on new random
 tables, without which it never learns to read a key's number from the table
 (the chart task only: a student for a text dataset, `task.kind: dataset`, skips them).
 How well it does depends on the initial weights: with `base.drills.restarts`
@@ -16,15 +16,17 @@ Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 
 from __future__ import annotations
 
-from pipeline import cards, paths
-from pipeline.chat import check_models
+from pipeline.modeling import cards
+from pipeline.core import paths
+from pipeline.modeling.models import check_models
 from pipeline.config import BaseModelConfig, PromptConfig, SynthesizeConfig, TaskConfig, load_section
-from pipeline.drills import curve_log, drill_until_read
-from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
-from pipeline.models import base_model, build_student, count_parameters, default_device, save_model
-from pipeline.plots import fill_skipped
-from pipeline.training import snapshot, weights_changed
+from pipeline.training.drills import curve_log, drill_until_read
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import stage_logger
+from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
+from pipeline.modeling.models import base_model, build_student, count_parameters, default_device, save_model
+from pipeline.core.plots import fill_skipped
+from pipeline.training.trainer import snapshot, weights_changed
 
 
 def _flow(cfg: BaseModelConfig, synth: SynthesizeConfig, task_cfg: TaskConfig) -> None:

@@ -1,8 +1,8 @@
 """python -m stages.distill
 
-Rejection sampling from the teacher (pipeline/distill.py has the rules): K
+Rejection sampling from the teacher (pipeline/data/distill.py has the rules): K
 samples per training question at temperature T, graded with
-pipeline/grading.py; up to M verified, distinct traces kept per question; the
+pipeline/data/grading.py; up to M verified, distinct traces kept per question; the
 pass rate grades difficulty. Questions whose word n-grams overlap val/test/ood
 questions are removed before any sampling, so the teacher is never paid for them.
 
@@ -18,16 +18,19 @@ from collections import Counter
 
 from tqdm.auto import tqdm
 
-from pipeline import chat, paths
+from pipeline.modeling import chat
+from pipeline.core import paths
 from pipeline.config import DistillConfig, load_section
-from pipeline.distill import (
+from pipeline.data.distill import (
     DISTILLED_SCHEMA, PAIR_SCHEMA, PASS_RATE_SCHEMA, contaminated, eval_ngrams, histogram, in_window, outputs,
     select,
 )
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows, write_metrics
-from pipeline.plots import bar_chart
-from pipeline.teacher import load_sampler
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.core.io import (EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows,
+                              write_metrics)
+from pipeline.core.plots import bar_chart
+from pipeline.inference.teacher import load_sampler
 
 EVAL_SPLITS = ("val", "test", "ood")
 

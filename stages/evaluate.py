@@ -1,10 +1,10 @@
 """python -m stages.evaluate --model sft
 
 Batched greedy generation (in process, or through the endpoint of an API teacher) on the test and ood questions, graded
-with pipeline/grading.py, then, on the splits of `evaluate.sampled_splits`, max(k, N) sampled completions per
+with pipeline/data/grading.py, then, on the splits of `evaluate.sampled_splits`, max(k, N) sampled completions per
 question on the first `evaluate.k_samples` questions for pass@k and maj@k, and the decoding strategies
-at budget N on the first `evaluate.decoding.questions` of them (pipeline/decoding.py: greedy, maj@N, PRM best-of-N,
-PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
+at budget N on the first `evaluate.decoding.questions` of them (pipeline/evaluation/decoding.py: greedy, maj@N, PRM
+best-of-N, PRM beam search, PRM-MCTS, each with tokens and seconds per question), then the
 faithfulness probes (binary comparisons asked in both operand orders; strict trends asked in both
 directions). Writes
 metrics/evaluate/<model>.json (accuracy, accuracy_ood, step accuracy, breakdowns,
@@ -22,16 +22,17 @@ import argparse
 import time
 from pathlib import Path
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import EvaluateConfig, load_section
-from pipeline.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
-from pipeline.evaluation import majority_baseline, sampled_metrics, score, summarize
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.generation import Sampler
-from pipeline.io import (EXAMPLE_COLUMNS, atomic_dir, read_json, read_rows, write_json, write_manifest, write_metrics,
-                         write_rows)
-from pipeline import task as tasks
-from pipeline.plots import bar_chart, fill_skipped
+from pipeline.evaluation.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
+from pipeline.evaluation.metrics import majority_baseline, sampled_metrics, score, summarize
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.inference.generation import Sampler
+from pipeline.core.io import (EXAMPLE_COLUMNS, atomic_dir, read_json, read_rows, write_json, write_manifest,
+                              write_metrics, write_rows)
+from pipeline.data import task as tasks
+from pipeline.core.plots import bar_chart, fill_skipped
 
 
 @phase("evaluate")
@@ -141,8 +142,8 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
 
 def build_decoder(cfg: EvaluateConfig, sampler: Sampler, model_dir) -> Decoder:
     """The strategies' runner: with the PRM (tokenizer checked against the policy's) and a step policy when local."""
-    from pipeline.prm import PRMScorer, check_tokenizer
-    from pipeline.search import StepPolicy
+    from pipeline.prm.model import PRMScorer, check_tokenizer
+    from pipeline.evaluation.search import StepPolicy
 
     dcfg, scorer, policy = cfg.decoding, None, None
     local = sampler.local
@@ -166,7 +167,7 @@ def skip_reason(model_name: str) -> str | None:
     when it is a model brought in (`base.model`): a student built here before SFT has not learned the task's
     answers yet. The teacher is skipped when it is a reference to models/base itself (self-distillation), which
     evaluate@base scores."""
-    from pipeline.teacher import backend_of
+    from pipeline.inference.teacher import backend_of
 
     if model_name == "base":
         manifest = read_json(paths.model_dir("base") / paths.MODEL_MANIFEST)
@@ -192,7 +193,7 @@ def write_skipped(model_name: str, reason: str) -> None:
 
 
 def _flow(cfg: EvaluateConfig, model_name: str) -> None:
-    from pipeline.teacher import load_sampler
+    from pipeline.inference.teacher import load_sampler
 
     if (reason := skip_reason(model_name)) is not None:
         write_skipped(model_name, reason)

@@ -2,9 +2,9 @@
 
 RL from the SFT model (`grpo.init: base`: from models/base as loaded, R1-Zero's
 recipe) on the mined set (data/mine/rl.parquet) with TRL's GRPOTrainer, the
-rewards of the `rewards` params section (pipeline/rewards.py) and, with
+rewards of the `rewards` params section (pipeline/rl/rewards.py) and, with
 `grpo.guided_replay`, the gold rationale replayed into groups that failed
-entirely (pipeline/rl.py). `grpo.algorithm: tbrm` trains the trajectory Bellman
+entirely (pipeline/rl/grpo.py). `grpo.algorithm: tbrm` trains the trajectory Bellman (pipeline/rl/tbrm.py)
 residual instead, one rollout per prompt at the same rollouts per step.
 
 Reward, per-reward and KL curves go through dvclive into plots/grpo/; the
@@ -20,17 +20,21 @@ import contextlib
 import os
 import shutil
 
-from pipeline import cards, launch, lora, paths, vllm_server
+from pipeline.modeling import cards, lora
+from pipeline.orchestration import launch
+from pipeline.core import paths
+from pipeline.inference import vllm_server
 from pipeline.config import (GRPOStageConfig, LoraConfig, ModelLoadConfig, RewardsConfig, TaskConfig, check_task_fit,
                              load_section)
-from pipeline.engines import require_vllm
-from pipeline.evaluation import sampled_metrics
-from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.generation import LocalSampler
-from pipeline.io import InputError, atomic_dir, live_atomic_dir, read_rows, write_metrics
-from pipeline.models import MASTER_DTYPE, load_model
-from pipeline.rl import RL_COLUMNS, no_update_reason, rl_train, success_amplification
-from pipeline.training import require_update
+from pipeline.inference.engines import require_vllm
+from pipeline.evaluation.metrics import sampled_metrics
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import stage_logger
+from pipeline.inference.generation import LocalSampler
+from pipeline.core.io import InputError, atomic_dir, live_atomic_dir, read_rows, write_metrics
+from pipeline.modeling.models import MASTER_DTYPE, load_model
+from pipeline.rl.grpo import RL_COLUMNS, no_update_reason, rl_train, success_amplification
+from pipeline.training.trainer import require_update
 
 RL_SET = paths.split_file("rl", stage="mine")
 POOL = paths.split_file("pool", stage="mine")

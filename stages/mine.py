@@ -1,6 +1,6 @@
 """python -m stages.mine
 
-Hard-case mining on the SFT policy (pipeline/mining.py has the rules): G
+Hard-case mining on the SFT policy (pipeline/data/mining.py has the rules): G
 rollouts per prompt of the RL pool (a seeded sample of the training questions)
 at the GRPO rollout temperature, graded on the final answer; pass rates put
 each prompt in a bucket (unsolved, hard, easy, solved) whose repeat count
@@ -23,16 +23,17 @@ import time
 
 from tqdm.auto import tqdm
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import MineConfig, load_section
-from pipeline.distill import PAIR_SCHEMA, histogram, select
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.engines import local_sampler
-from pipeline.io import (
+from pipeline.data.distill import PAIR_SCHEMA, histogram, select
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.inference.engines import local_sampler
+from pipeline.core.io import (
     EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows, write_metrics,
 )
-from pipeline.mining import RL_SCHEMA, policy_pairs, rl_set
-from pipeline.plots import bar_chart
+from pipeline.data.mining import RL_SCHEMA, policy_pairs, rl_set
+from pipeline.core.plots import bar_chart
 
 
 def pool(rows: list[dict], cfg: MineConfig) -> list[dict]:

@@ -3,13 +3,13 @@
 The process reward model: the policy's causal LM (`prm_data.policy`, default
 models/sft, which `sft` drilled on the ranking step so that a PRM started from
 it can check that step: `sft.rank_drill`) whose LM head is read as a verdict
-on each token of a line (pipeline/prm.py). It is trained on
+on each token of a line (pipeline/prm/model.py). It is trained on
 data/prm_data/train.parquet (BCE on gold 0/1 labels, MSE on MCTS log_boost
 labels; `prm.sources` picks which) and, as a generator, on the gold chains of data/prm_data/chains.parquet (next-token
 cross-entropy weighted `prm.chain_weight`: a verifier that also learns to write
 the right step checks steps better; docs/experiments/prm-writes-gold-chains.md)
 and on contrast paths cut from those chains (`prm.contrast`: each choice step
-once right and up to that many times wrong, pipeline/contrast.py). Scored on the held-out gold labels of
+once right and up to that many times wrong, pipeline/prm/contrast.py). Scored on the held-out gold labels of
 validation questions (data/prm_data/val.parquet): AUROC, accuracy at 0.5 and
 calibration (table, expected calibration error, reliability plot).
 
@@ -23,14 +23,16 @@ import shutil
 
 import torch
 
-from pipeline import cards, paths
+from pipeline.modeling import cards
+from pipeline.core import paths
 from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, check_task_fit, load_section
-from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
-from pipeline.models import load_tokenizer, save_model
-from pipeline.plots import reliability_chart
-from pipeline.prm import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
-from pipeline.training import prm_train
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import stage_logger
+from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
+from pipeline.modeling.models import load_tokenizer, save_model
+from pipeline.core.plots import reliability_chart
+from pipeline.prm.model import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
+from pipeline.training.trainer import prm_train
 
 def _flow(cfg: PRMConfig, policy: str, kind: str = "cof") -> None:
     if cfg.contrast and kind != "cof":

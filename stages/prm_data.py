@@ -16,14 +16,14 @@ policy's own steps (`prm_data.policy`, default models/sft):
   generator (next-token cross-entropy, `prm.chain_weight`).
 
 The training questions are new: the CoF generator again with `question_seed`
-(pipeline/cof/generate.more_train_questions), in the training split's share of
+(pipeline/data/cof/generate.more_train_questions), in the training split's share of
 question texts. The policy never trained on them, so its mistakes there are the
 ones it makes at test time, and there are as many as the PRM needs (on the
 6,000 training questions it had learned, it erred less and differently).
 
 For a dataset task (`task.kind: dataset`) there are no gold step values and no
 generator: the questions are drawn from train.parquet, and each sampled step is
-labelled by Monte-Carlo rollouts (source `mc`, pipeline/step_labels.py: the share
+labelled by Monte-Carlo rollouts (source `mc`, pipeline/prm/step_labels.py: the share
 of `mc_rollouts` completions after the step that reach the right answer,
 Math-Shepherd); the held-out set is labelled the same way on val.parquet; the
 chains are the questions' worked solutions, every step labelled 1.
@@ -41,21 +41,22 @@ import time
 
 import pyarrow as pa
 
-from pipeline import paths
-from pipeline import task as tasks
+from pipeline.core import paths
+from pipeline.data import task as tasks
 from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, load_section
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.engines import local_sampler
-from pipeline.io import (
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.inference.engines import local_sampler
+from pipeline.core.io import (
     EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows,
     write_metrics,
 )
-from pipeline.models import load_model
-from pipeline.plots import bar_chart
-from pipeline.prm import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
-from pipeline.rewards import is_correct
-from pipeline.search import StepPolicy, mcts, rollout_evaluator, tree_paths
-from pipeline.step_labels import monte_carlo_labels
+from pipeline.modeling.models import load_model
+from pipeline.core.plots import bar_chart
+from pipeline.prm.model import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
+from pipeline.rl.rewards import is_correct
+from pipeline.evaluation.search import StepPolicy, mcts, rollout_evaluator, tree_paths
+from pipeline.prm.step_labels import monte_carlo_labels
 
 STEP_LABEL_SCHEMA = pa.schema(
     [("id", pa.string()), ("prompt", pa.string()), ("steps", pa.list_(pa.string())),

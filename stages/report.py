@@ -9,10 +9,11 @@ same tables `python -m pipeline report` prints).
 
 from __future__ import annotations
 
-from pipeline import paths
-from pipeline.flows import run_stage, stage_logger
-from pipeline.io import atomic_dir, atomic_write_text
-from pipeline.report import decoding_markdown, generalisation_markdown, generalisation_plot, load_evaluations
+from pipeline.core import paths
+from pipeline.orchestration.flows import run_stage
+from pipeline.core.phases import stage_logger
+from pipeline.core.io import atomic_dir, atomic_write_text
+from pipeline.evaluation.report import decoding_markdown, generalisation_markdown, generalisation_plot, load_evaluations
 
 
 def _flow() -> None:

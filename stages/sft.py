@@ -8,7 +8,7 @@ With `sft.mix` > 0, phase 1 also trains on that share of temporal questions
 over video clips (data/animate/questions.parquet, a seeded sample).
 With `distill.method: logits`, a phase distils the teacher's token
 distributions on the student's own rollouts (TRL's DistillationTrainer).
-Last, the ranking drill (`sft.rank_drill`; pipeline/drills.py: "The largest of
+Last, the ranking drill (`sft.rank_drill`; pipeline/training/drills.py: "The largest of
 them is" after a listed set, on new random tables), a step the student
 otherwise guesses: in phases (the largest alone, then largest and smallest,
 then every rank), since with digit pairs the flat drill never clicks, and with
@@ -29,15 +29,17 @@ import random
 import shutil
 from pathlib import Path
 
-from pipeline import cards, lora, paths
+from pipeline.modeling import cards, lora
+from pipeline.core import paths
 from pipeline.config import (DistillConfig, LoraConfig, ModelLoadConfig, RankDrillConfig, SFTConfig, SynthesizeConfig,
                              TaskConfig, check_packing, load_section)
-from pipeline.drills import curve_log, train_rank_drill
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, live_atomic_dir, read_rows, sample_rows, write_metrics
-from pipeline.models import MASTER_DTYPE, default_device, load_model
-from pipeline.task_data import gold_rows
-from pipeline.training import logit_distill, sft_train
+from pipeline.training.drills import curve_log, train_rank_drill
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.core.io import InputError, atomic_dir, live_atomic_dir, read_rows, sample_rows, write_metrics
+from pipeline.modeling.models import MASTER_DTYPE, default_device, load_model
+from pipeline.data.task_data import gold_rows
+from pipeline.training.trainer import logit_distill, sft_train
 
 DISTILLED = paths.split_file("train", stage="distill")
 HARD = paths.split_file("hard", stage="distill")
@@ -125,7 +127,7 @@ def run(cfg: SFTConfig, distill: DistillConfig, synth: SynthesizeConfig, model, 
             stage_logger().warning("sft: curriculum stage 2 skipped, %s is empty", HARD)
             metrics["stage2"] = {"examples": 0}
     if distill.method == "logits":
-        from pipeline.teacher import load_local
+        from pipeline.inference.teacher import load_local
 
         teacher, teacher_tok = load_local(paths.model_dir("teacher"))
         if teacher_tok.get_vocab() != tokenizer.get_vocab():

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline import cards, chat, paths
+from pipeline.modeling import cards, chat
+from pipeline.core import paths
 from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
-from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import InputError, atomic_dir, live_atomic_dir, read_json, read_rows, write_metrics
-from pipeline.models import MASTER_DTYPE, load_model, save_model
-from pipeline.task_data import gold_rows
-from pipeline.training import sft_train
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import stage_logger
+from pipeline.core.io import InputError, atomic_dir, live_atomic_dir, read_json, read_rows, write_metrics
+from pipeline.modeling.models import MASTER_DTYPE, load_model, save_model
+from pipeline.data.task_data import gold_rows
+from pipeline.training.trainer import sft_train
 
 
-SFT_PASSES_PER_TOKEN = 3  # forward and backward, in forward-pass equivalents (pipeline.rl.passes_per_token)
+SFT_PASSES_PER_TOKEN = 3  # forward and backward, in forward-pass equivalents (pipeline.rl.grpo.passes_per_token)
 
 
 def planned_steps(target_passes: float, tokens_per_step: float) -> int:

@@ -1,12 +1,12 @@
 """python -m stages.synthesize
 
 The questions every later stage reads, as data/synthesize/{train,val,test,ood}.parquet
-(the example contract of pipeline/io.py), with counts in metrics/synthesize.json.
+(the example contract of pipeline/core/io.py), with counts in metrics/synthesize.json.
 
 - `task.kind: cof`: Chain-of-Functions questions from random chart tables, with PNG charts
   for the first `render_charts` questions of each split. The questions are drawn in blocks of
   `block_size`, on `workers` processes; the files are the same whatever the number of workers.
-- `task.kind: dataset`: your dataset (`task.dataset`, read by pipeline/task_data.py). The
+- `task.kind: dataset`: your dataset (`task.dataset`, read by pipeline/data/task_data.py). The
   chart columns stay empty; `rationale` is the SFT completion: the dataset's worked solution
   (or nothing) followed by the answer as `task.answer_format` states it. Rows whose answer
   cannot be extracted are listed in quarantine.jsonl with their split, row and reason. A
@@ -19,13 +19,15 @@ import json
 import time
 from pathlib import Path
 
-from pipeline import paths
-from pipeline.cof.generate import block_count, generate_dataset
+from pipeline.core import paths
+from pipeline.data.cof.generate import block_count, generate_dataset
 from pipeline.config import SynthesizeConfig, TaskConfig, load_section
-from pipeline.flows import expected_errors, phase, run_stage, stage_logger
-from pipeline.io import EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_manifest, write_rows, write_metrics
-from pipeline.task import Task
-from pipeline.task_data import SPLITS, read_task_dataset
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import phase, stage_logger
+from pipeline.core.io import (EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_manifest, write_rows,
+                              write_metrics)
+from pipeline.data.task import Task
+from pipeline.data.task_data import SPLITS, read_task_dataset
 
 # What the charts folder holds when there are no charts: DVC keeps no empty folders, and `animate` depends on it.
 NO_CHARTS = "No charts: task.kind is dataset, whose questions are text.\n"
@@ -45,7 +47,7 @@ def run(cfg: SynthesizeConfig, task_cfg: TaskConfig) -> None:
              total / gen_seconds, blocks, min(cfg.workers, blocks))
     # Imported here, not at the top: each synthesis worker re-runs this module (multiprocessing
     # re-imports the main module), and matplotlib would add about 0.5 s to its start.
-    from pipeline.cof.render import render_chart
+    from pipeline.data.cof.render import render_chart
 
     out_dir = paths.stage_data("synthesize")
     with atomic_dir(out_dir) as tmp:

@@ -20,13 +20,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline import cards, paths
+from pipeline.modeling import cards
+from pipeline.core import paths
 from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, is_local, load_section
-from pipeline.flows import expected_errors, run_stage, stage_logger
-from pipeline.io import atomic_dir, live_atomic_dir, read_rows, write_metrics
-from pipeline.plots import fill_skipped
-from pipeline.models import MASTER_DTYPE, build_teacher, count_parameters, load_model, load_tokenizer, save_model
-from pipeline.training import sft_train
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.phases import stage_logger
+from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_metrics
+from pipeline.core.plots import fill_skipped
+from pipeline.modeling.models import (MASTER_DTYPE, build_teacher, count_parameters, load_model, load_tokenizer,
+                                      save_model)
+from pipeline.training.trainer import sft_train
 
 REFERENCE_FIELDS = {
     "transformers": ("model",),

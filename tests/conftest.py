@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import workspace
-from pipeline.profiles import resolve
+from pipeline.orchestration import workspace
+from pipeline.orchestration.profiles import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def write_params(folder: Path, params: dict = TINY_PARAMS, profile: str = "tiny"
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """A real Prefect API server (SQLite in a temp PREFECT_HOME), used in-process and by subprocesses."""
-    from pipeline.flows import prefect_server
+    from pipeline.orchestration.flows import prefect_server
 
     home = tmp_path_factory.mktemp("prefect_home")
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}

@@ -20,7 +20,7 @@ import sys
 import pytest
 import yaml
 
-from pipeline.wordproblems import TEST_FRAMES, TRAIN_FRAMES, generate
+from pipeline.data.wordproblems import TEST_FRAMES, TRAIN_FRAMES, generate
 from tests.conftest import copy_project
 from tests.e2e.test_repro import ALL_STAGES, EVALUATED, dvc, ran_stages, sh
 
@@ -60,7 +60,7 @@ def save_llama(folder) -> None:
     """A 1-layer Llama with a tokenizer trained on word problems and its own chat template and EOS, saved as any
     Hub model would be."""
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.models import build_student, save_model, train_tokenizer
 
     corpus = [r["question"] + r["answer"] for r in generate(200, TRAIN_FRAMES, 5)]
     tokenizer = train_tokenizer(corpus, 320, "spaced")
@@ -112,7 +112,7 @@ def test_a_gsm8k_file_outside_the_repository_with_a_loaded_llama(tmp_path, prefe
     assert metrics["by_split"]["test"] == 30 and metrics["by_split"]["ood"] == 0 and metrics["quarantined"] == 0
     assert json.loads((repo / "metrics/animate.json").read_text())["samples"] == 0
     assert json.loads((repo / "models/base/config.json").read_text())["model_type"] == "llama"
-    from pipeline.models import load_tokenizer
+    from pipeline.modeling.models import load_tokenizer
 
     trained = load_tokenizer(repo / "models/sft")  # every stage keeps the loaded model's template and EOS
     assert trained.chat_template == LLAMA3_TEMPLATE and trained.eos_token == "<|eot_id|>"
@@ -152,7 +152,7 @@ def test_a_math_file_with_boxed_answers_and_paragraph_steps(tmp_path, prefect_ap
     proc = sh([sys.executable, "-m", "pipeline", "repro", "evaluate@sft"], repo)
     upstream = ["synthesize", "animate", "base", "teacher", "distill", "sft", "prm_data", "prm", "evaluate@sft"]
     assert ran_stages(proc.stdout + proc.stderr) == sorted(upstream)
-    from pipeline.io import read_rows
+    from pipeline.core.io import read_rows
 
     train = read_rows(repo / "data/synthesize/train.parquet")
     assert any(r["answer"].startswith("\\frac{") for r in train)  # nested braces kept whole

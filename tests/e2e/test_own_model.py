@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def save_student(folder, seed: int) -> None:
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.models import build_student, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 3 + 4 = 7.\nAnswer: 7", "What is the largest value?"] * 20, 300)
     cfg = BaseModelConfig(seed=seed, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -47,7 +47,7 @@ def test_a_local_model_folder_is_a_dependency_of_the_stage_that_loads_it(tmp_pat
     repo = make_repo(tmp_path, "repo", [f"base.model={mine}"])
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert params["base"]["model_dependency"] == str(mine)  # written by `python -m pipeline params`
-    assert params["teacher"]["model_dependency"] == "pipeline/models.py"  # the embedded teacher loads nothing
+    assert params["teacher"]["model_dependency"] == "pipeline/modeling/models.py"  # the embedded teacher loads nothing
     proc = sh([sys.executable, "-m", "pipeline", "repro", "base"], repo)
     assert ran_stages(proc.stdout + proc.stderr) == ["base", "synthesize"]
     assert dvc("status", "base", cwd=repo).stdout.strip().endswith("up to date.")

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.compare import bootstrap_markdown
-from pipeline.orchestrate import diff_markdown
+from pipeline.evaluation.compare import bootstrap_markdown
+from pipeline.orchestration.orchestrate import diff_markdown
 from tests.conftest import api_post, copy_project, venv_env, write_params
-from tests.unit.test_dag import PLUMBING, listed, stages
+from tests.unit.test_dag import listed, plumbing, stages
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +83,7 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     for record in logged:
         name = record["stage"].split("@")[0]
         assert f"stages/{name}.py" in record["files"]  # the log sees this repository's files
-        missing = [f for f in record["files"] if f not in PLUMBING and not listed(f, deps[name])]
+        missing = [f for f in record["files"] if not plumbing(f) and not listed(f, deps[name])]
         assert not missing, f"dvc.yaml: stage {record['stage']} imported {missing} but does not list them under deps"
     for path in ("data/synthesize/test.parquet", "models/base/model.safetensors", "models/teacher/model.safetensors",
                  "data/distill/train.parquet", "data/distill/hard.parquet", "data/distill/pairs.parquet",
@@ -108,7 +108,7 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     keys = {a["key"] for a in api_post(prefect_api, "artifacts/filter", {})}
     assert {"pipeline-metrics", "pipeline-metrics-diff", "pipeline-models", "pipeline-decoding",
             "pipeline-generalisation"} <= keys
-    # and inside each stage's flow run, its phases ran as tasks (`pipeline.flows.phase`)
+    # and inside each stage's flow run, its phases ran as tasks (`pipeline.core.phases.phase`)
     for phase in ("generate", "drill", "load model", "train", "save model", "sample the teacher", "sample the policy",
                   "evaluate"):
         runs = api_post(prefect_api, "task_runs/filter", {"task_runs": {"name": {"like_": phase}}, "limit": 1})
@@ -122,8 +122,8 @@ def test_every_model_folder_loads_through_auto_classes_as_the_pipeline_loads_it(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.io import read_rows
-    from pipeline.models import load_model
+    from pipeline.core.io import read_rows
+    from pipeline.modeling.models import load_model
 
     monkeypatch.chdir(repo)  # the loader reads params.yaml's `model` section
     rows = read_rows(repo / "data/synthesize/test.parquet")[:4]

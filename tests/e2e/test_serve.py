@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_serve_registers_the_deployment_of_prefect_yaml(prefect_api):
-    from pipeline.schedule import DEPLOYMENT_FILE, load
+    from pipeline.orchestration.schedule import DEPLOYMENT_FILE, load
 
     shipped = load(path=ROOT / DEPLOYMENT_FILE)
     proc = subprocess.Popen(

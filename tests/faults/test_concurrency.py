@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.io import read_rows
+from pipeline.core.io import read_rows
 from tests.conftest import venv_env
 from tests.faults.conftest import PYTHON, kill_session, lock_record, sh, start
 

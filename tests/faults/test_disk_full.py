@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.io import hash_path
+from pipeline.core.io import hash_path
 from tests.faults.conftest import PYTHON, sh
 
 pytestmark = pytest.mark.e2e
@@ -49,7 +49,7 @@ def test_outputs_are_readable_by_the_group_and_an_unwritable_folder_is_named(tmp
     import stat
     import tempfile
 
-    from pipeline.io import InputError, atomic_dir, atomic_write_text
+    from pipeline.core.io import InputError, atomic_dir, atomic_write_text
 
     old = os.umask(0o022)
     try:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import answers, grading
-from pipeline.answers import ANSWER_FORMATS, GRADERS
+from pipeline.data import answers, grading
+from pipeline.data.answers import ANSWER_FORMATS, GRADERS
 from pipeline.config import RewardsConfig
-from pipeline.rewards import REWARDS, build_rewards
+from pipeline.rl.rewards import REWARDS, build_rewards
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_weights_load_through_safetensors_and_remote_code_stays_off():
         for match in re.finditer(r"torch\.load\(([^)]*)\)", text):
             assert "weights_only=True" in match.group(1), f"{path}: torch.load without weights_only=True"
         assert not re.search(r"trust_remote_code\s*=\s*True", text), f"{path}: trust_remote_code=True"
-    from pipeline.models import load_kwargs
+    from pipeline.modeling.models import load_kwargs
 
     assert load_kwargs()["use_safetensors"] is True and load_kwargs()["trust_remote_code"] is False
 
@@ -99,8 +99,8 @@ def test_a_pickled_checkpoint_is_refused(tmp_path):
     import torch
 
     from pipeline.config import BaseModelConfig
-    from pipeline.io import InputError
-    from pipeline.models import build_student, load_model, save_model, train_tokenizer
+    from pipeline.core.io import InputError
+    from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
     model = build_student(BaseModelConfig(seed=0, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
@@ -118,8 +118,8 @@ def test_a_pickled_checkpoint_is_refused(tmp_path):
 def test_a_damaged_checkpoint_fails_naming_its_folder(tmp_path, damage):
     """A model folder whose weights are cut short, overwritten or gone: InputError (exit 2 in a stage) naming it."""
     from pipeline.config import BaseModelConfig
-    from pipeline.io import InputError
-    from pipeline.models import build_student, load_model, save_model, train_tokenizer
+    from pipeline.core.io import InputError
+    from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
     model = build_student(BaseModelConfig(seed=0, hidden_size=16, intermediate_size=16, num_hidden_layers=1,

@@ -95,7 +95,7 @@ def test_a_non_finite_gradient_norm_stops_training_naming_the_step():
     import torch
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from pipeline.checkpoints import Diverged, _FiniteGradients
+    from pipeline.training.checkpoints import Diverged, _FiniteGradients
 
     model = torch.nn.Linear(2, 1)
     model(torch.ones(1, 2)).sum().backward()

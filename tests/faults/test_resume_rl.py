@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import untimed
+from pipeline.core.io import untimed
 from tests.conftest import ROOT, venv_env
 
 SCRIPT = ROOT / "tests/faults/trainer_run.py"

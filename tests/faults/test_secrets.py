@@ -29,14 +29,14 @@ SENTINEL = "sk-FAULT-SUITE-SENTINEL-5d1c0a"
 def serve_tiny_model(folder: Path, port: int) -> subprocess.Popen:
     """The loopback OpenAI-compatible server over a freshly built tiny model that demands the sentinel key."""
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.models import build_student, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: 2 + 3 = 5\nAnswer: 5", "What is the largest value?"] * 20, 200)
     model = build_student(BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=200), tokenizer)
     save_model(model, tokenizer, folder)
     server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.openai_server", str(folder), "--port", str(port), "--api-key-env",
+        [sys.executable, "-m", "pipeline.inference.openai_server", str(folder), "--port", str(port), "--api-key-env",
          "FAULT_TEACHER_KEY", "--served-model-name", "local"],
         env=venv_env(FAULT_TEACHER_KEY=SENTINEL), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",

@@ -65,7 +65,7 @@ def tiny_model(tokenizer):
     """The same fresh weights every run, loaded from a folder as a stage loads its starting model (GRPO's reference
     is loaded again from the model's path)."""
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, load_weights
+    from pipeline.modeling.models import build_student, load_weights
 
     start = Path("start")
     if not start.is_dir():
@@ -85,7 +85,7 @@ def untimed_logs(trainer) -> list[dict]:
 
 def recorded(steps: dict) -> None:
     """Patches `checkpoints.train` so that the trainer it gets records every step into `steps`."""
-    from pipeline import checkpoints
+    from pipeline.training import checkpoints
 
     train = getattr(checkpoints.train, "original", checkpoints.train)
 
@@ -132,7 +132,7 @@ def recorded(steps: dict) -> None:
 
 def grpo(tokenizer, model):
     from pipeline.config import GRPOStageConfig, RewardsConfig
-    from pipeline.rl import rl_train
+    from pipeline.rl.grpo import rl_train
 
     # 8 prompts, 2 a step (G = 2): 4 steps an epoch, 2 epochs
     cfg = GRPOStageConfig(seed=0, max_steps=8, prompts_per_step=2, num_generations=2, max_completion_length=32,
@@ -144,7 +144,7 @@ def grpo(tokenizer, model):
 
 def dpo(tokenizer, model):
     from pipeline.config import DPOStageConfig
-    from pipeline.training import dpo_train
+    from pipeline.training.trainer import dpo_train
 
     pairs = [{"prompt": r["prompt"], "chosen": r["rationale"],
               "rejected": r["rationale"].rsplit("Answer:", 1)[0] + f"Answer: {int(r['answer']) + 1}"} for r in ROWS]
@@ -156,7 +156,7 @@ def dpo(tokenizer, model):
 
 def prm(tokenizer, model):
     from pipeline.config import PRMConfig
-    from pipeline.training import prm_train
+    from pipeline.training.trainer import prm_train
 
     rows = [{"id": r["id"], "prompt": r["prompt"], "steps": r["rationale"].splitlines(),
              "labels": [1.0, 1.0] if (i % 3) else [1.0, 0.0], "source": "gold"} for i, r in enumerate(ROWS[:10])]
@@ -171,10 +171,10 @@ def main(modes: str) -> None:
 
     from transformers import TrainerCallback
 
-    import pipeline.rl as rl
-    import pipeline.training as training
-    from pipeline.flows import expected_errors
-    from pipeline.models import train_tokenizer
+    import pipeline.rl.grpo as rl
+    import pipeline.training.trainer as training
+    from pipeline.orchestration.flows import expected_errors
+    from pipeline.modeling.models import train_tokenizer
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pipeline").setLevel(logging.INFO)  # checkpoints' "resuming from ..." on stderr

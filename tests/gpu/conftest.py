@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from pipeline.config import BaseModelConfig
-from pipeline.models import build_student, save_model, train_tokenizer
+from pipeline.modeling.models import build_student, save_model, train_tokenizer
 
 
 def save_wide_student(folder: Path, texts: list[str], hidden_size: int, intermediate_size: int) -> Path:

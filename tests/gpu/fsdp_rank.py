@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from pipeline import rl, sharding, training
+from pipeline.rl import grpo as rl
+from pipeline.core import sharding
+from pipeline.training import trainer as training
 from pipeline.config import GRPOStageConfig, RewardsConfig, TrainConfig
-from pipeline.generation import decode, pad, pad_id
-from pipeline.models import load_model, save_model
+from pipeline.inference.generation import decode, pad, pad_id
+from pipeline.modeling.models import load_model, save_model
 
 TEXTS = [f"Question: what is {a}+{b}?\nStep 1: Select them: {a} {b}.\nStep 2: {a} + {b} = {a + b}.\nAnswer: {a + b}"
          for a in range(10) for b in range(10)]

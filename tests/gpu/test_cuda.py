@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from pipeline import training
+from pipeline.training import trainer as training
 from pipeline.config import PRMConfig, TrainConfig
-from pipeline.generation import generate
-from pipeline.models import load_model, save_model
-from pipeline.prm import PRMScorer, line_labels, prm_from_policy, scored_lines
+from pipeline.inference.generation import generate
+from pipeline.modeling.models import load_model, save_model
+from pipeline.prm.model import PRMScorer, line_labels, prm_from_policy, scored_lines
 from tests.gpu.conftest import save_wide_student
 
 pytestmark = [pytest.mark.gpu,

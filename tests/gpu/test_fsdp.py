@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.generation import decode, pad, pad_id
-from pipeline.models import count_parameters, load_model
+from pipeline.inference.generation import decode, pad, pad_id
+from pipeline.modeling.models import count_parameters, load_model
 from tests.conftest import venv_env
 from tests.gpu.conftest import save_wide_student
 from tests.gpu.fsdp_rank import TEXTS
@@ -63,7 +63,7 @@ def test_the_saved_model_is_whole_and_decodes_as_the_sharded_one_did(run):
     others = sorted(p.name for p in out.iterdir() if p.name.startswith("sft-rank"))
     if config == "fsdp.yaml":
         assert others == []  # ranks without the gathered weights write nothing
-    else:  # each rank holds the whole weights and saves them here (in a stage, pipeline.io writes rank 0's only)
+    else:  # each rank holds the whole weights and saves them here (in a stage, pipeline.core.io writes rank 0's only)
         assert len(others) == len(ranks) - 1
     for rank, report in enumerate(ranks):  # each rank's own prompts and length, on one unsharded process
         ids, mask = pad(report["prompts"], pad_id(tok), left=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.config import GRPOStageConfig, RewardsConfig
-from pipeline.models import load_model
+from pipeline.modeling.models import load_model
 from tests.gpu.conftest import save_wide_student
 
 pytestmark = [pytest.mark.gpu,
@@ -32,13 +32,13 @@ def saved(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_sampler(saved):
-    from pipeline.engines import VLLMSampler
+    from pipeline.inference.engines import VLLMSampler
 
     return VLLMSampler(saved, "student")
 
 
 def test_the_vllm_sampler_gives_the_decode_loops_greedy_text(saved, vllm_sampler):
-    from pipeline.generation import LocalSampler
+    from pipeline.inference.generation import LocalSampler
 
     model, tok = load_model(saved)
     hf = LocalSampler(model, tok).sample(PROMPTS, n=1, temperature=0.0, max_new_tokens=24)
@@ -59,7 +59,7 @@ def test_vllm_sampling_is_seeded_and_returns_n_per_prompt(vllm_sampler):
 def test_grpo_with_colocated_vllm_runs_steps_and_moves_the_weights(saved, tmp_path, monkeypatch):
     from transformers import TrainerCallback
 
-    import pipeline.rl as rl
+    import pipeline.rl.grpo as rl
 
     # one process, not launched: the torch.distributed variables TRL's colocated vLLM (external launcher) reads
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import io, paths
+from pipeline.core import io, paths
 from tests.conftest import TINY_PARAMS, venv_env, write_params
 
 pytestmark = pytest.mark.e2e
@@ -114,8 +114,8 @@ def test_sft_on_two_processes_follows_the_one_process_curve_at_twice_the_batch(w
 @pytest.mark.slow  # two launched stages (`make test-slow`); the SFT and failing-rank tests stay in `make test`
 @pytest.mark.parametrize("config", [None, "deepspeed_zero3.yaml"])
 def test_dpo_and_grpo_run_a_few_steps_on_two_processes(workspace, config):
-    from pipeline.distill import PAIR_SCHEMA
-    from pipeline.io import read_rows, write_rows
+    from pipeline.data.distill import PAIR_SCHEMA
+    from pipeline.core.io import read_rows, write_rows
 
     folder, _ = workspace
     gold = read_rows(folder / paths.split_file("train"))[:8]

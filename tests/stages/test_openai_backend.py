@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from pipeline.config import BaseModelConfig
-from pipeline.generation import Generation, generate
-from pipeline.io import InputError
-from pipeline.models import build_student, load_model, save_model, train_tokenizer
-from pipeline.openai_backend import OpenAISampler, TeacherRequestError
-from pipeline.openai_server import make_server
+from pipeline.inference.generation import Generation, generate
+from pipeline.core.io import InputError
+from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
+from pipeline.inference.openai_backend import OpenAISampler, TeacherRequestError
+from pipeline.inference.openai_server import make_server
 
 PROMPTS = ["Question: what is 3+4?\n", "Question: what is 12-5?\n", "Question: what is 2*9?\n"]
 SECRET = "sk-test-SECRET-123"
@@ -251,8 +251,8 @@ def test_chat_requests_are_served_in_the_prompt_format_the_model_folder_records(
 
     import openai
 
-    from pipeline import paths
-    from pipeline.openai_server import prompt_format
+    from pipeline.core import paths
+    from pipeline.inference.openai_server import prompt_format
 
     model, tok = tiny
     question = PROMPTS[0]

@@ -15,12 +15,12 @@ import time
 
 import psutil
 
-from pipeline.idle import in_use, quiet
+from pipeline.orchestration.idle import in_use, quiet
 from tests.conftest import ROOT, api_post, venv_env
 
 PROBE = """
 import json, pathlib
-from pipeline.flows import run_stage
+from pipeline.orchestration.flows import run_stage
 def body():
     pathlib.Path("metrics").mkdir(exist_ok=True)
     pathlib.Path("metrics/probe.json").write_text(json.dumps({"accuracy": 0.5, "by": {"a": 1}}))
@@ -118,8 +118,8 @@ def test_the_shared_server_stays_up_while_a_stage_holds_it_or_the_state_file_is_
 
 
 PHASES = """
-from pipeline.flows import phase, run_stage
-from pipeline.io import InputError
+from pipeline.orchestration.flows import phase, run_stage
+from pipeline.core.io import InputError
 
 @phase("load")
 def load(rows):

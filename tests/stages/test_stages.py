@@ -1,9 +1,12 @@
-"""Smoke runs of each stage on tiny sizes, in order, as real Prefect flows."""
+"""Smoke runs of each stage on tiny sizes as real Prefect flows.
+
+The tiny DAG is built once per session (tests/stages/conftest.py); each test reads its outputs, or re-runs a stage
+with its own params, in a copy of its own: any test runs alone, or in any order.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -12,28 +15,18 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import PRMConfig, load_section
-from pipeline.contrast import contrast_rows
-from pipeline.io import EXAMPLE_COLUMNS, read_rows
+from pipeline.prm.contrast import contrast_rows
+from pipeline.core.io import EXAMPLE_COLUMNS, read_rows
 from tests.conftest import ROOT, TINY_PARAMS, write_params
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory, prefect_api):
-    """A folder with tiny params.yaml; the stages run with it as the working directory."""
-    folder = tmp_path_factory.mktemp("workspace")
-    write_params(folder)
-    cwd = os.getcwd()
-    os.chdir(folder)
-    yield folder
-    os.chdir(cwd)
+def text(records) -> str:
+    return "\n".join(r.getMessage() for r in records)
 
 
 def test_synthesize(workspace):
-    from stages import synthesize
-
-    synthesize.main()
     counts = {s: len(read_rows(paths.split_file(s), required=EXAMPLE_COLUMNS)) for s in paths.SPLITS}
     p = TINY_PARAMS["synthesize"]
     assert counts == {"train": p["n_train"], "val": p["n_val"], "test": p["n_test"], "ood": p["n_ood"]}
@@ -58,10 +51,7 @@ def test_synthesize_is_byte_identical_on_rerun(workspace):
     assert [name for name in before if before[name] != after[name]] == []
 
 
-def test_base(workspace, caplog):
-    from stages import base
-
-    base.main()
+def test_base(workspace, stage_logs):
     folder = paths.model_dir("base")
     for name in ("model.safetensors", "config.json", "tokenizer.json", paths.MODEL_MANIFEST):
         assert (folder / name).exists(), name
@@ -79,7 +69,7 @@ def test_base(workspace, caplog):
     assert tries == [0, 1, 2][: 1 + p.get("restarts", 2)] and sum(a["kept"] for a in metrics["inits"]) == 1
     kept = next(a for a in metrics["inits"] if a["kept"])
     assert kept["seed"] == metrics["init_seed"] and kept["numbers_exact"] == metrics["drills"]["numbers"]["exact"]
-    assert "none learned the lookup" in caplog.text  # said, not only in metrics
+    assert "none learned the lookup" in text(stage_logs["base"])  # said, not only in metrics
     # checked every 3 steps (tiny's check_every) and never read stop_at: the check at step 3 is drawn, not one at 6
     for curve in ("colour/check_exact", "numbers/check_exact"):
         rows = (paths.live_dir("base") / "plots" / "metrics" / f"{curve}.tsv").read_text().splitlines()
@@ -104,36 +94,32 @@ def test_base_is_byte_identical_on_rerun(workspace):
 
 def test_teacher_trains_from_the_drilled_base_or_from_scratch_larger(workspace):
     """teacher.init base (the default): the drilled student's weights, trained on; init scratch: a model of the
-    teacher's own, larger sizes. Either shares the student's tokenizer. The scratch one runs first, so the base-init
-    teacher is the one the later stages distil from."""
+    teacher's own, larger sizes. Either shares the student's tokenizer."""
     import yaml
 
     from stages import teacher
 
     params = yaml.safe_load(Path("params.yaml").read_text())
     base = json.loads(paths.metrics_file("base").read_text())
-    try:
-        write_params(Path("."), {**params, "teacher": {**params["teacher"], "init": "scratch"}})
-        teacher.main()
-        scratch = json.loads(paths.metrics_file("teacher").read_text())
-    finally:
-        write_params(Path("."), params)
-    assert scratch["backend"] == "embedded" and scratch["parameters"] > base["parameters"]
-    teacher.main()
-    metrics = json.loads(paths.metrics_file("teacher").read_text())
-    assert metrics["backend"] == "embedded" and metrics["parameters"] == base["parameters"]
-    assert metrics["steps"] == TINY_PARAMS["teacher"]["train"]["max_steps"] and metrics["weights_changed"] == 1.0
+    metrics = json.loads(paths.metrics_file("teacher").read_text())  # the built DAG's: init base
     student_tok = json.loads((paths.model_dir("base") / "tokenizer.json").read_text())
     teacher_tok = json.loads((paths.model_dir("teacher") / "tokenizer.json").read_text())
     assert teacher_tok["model"]["vocab"] == student_tok["model"]["vocab"]  # shared: logit distillation works
+    write_params(Path("."), {**params, "teacher": {**params["teacher"], "init": "scratch"}})
+    teacher.main()
+    scratch = json.loads(paths.metrics_file("teacher").read_text())
+    assert scratch["backend"] == "embedded" and scratch["parameters"] > base["parameters"]
+    assert metrics["backend"] == "embedded" and metrics["parameters"] == base["parameters"]
+    assert metrics["steps"] == TINY_PARAMS["teacher"]["train"]["max_steps"] and metrics["weights_changed"] == 1.0
+    scratch_tok = json.loads((paths.model_dir("teacher") / "tokenizer.json").read_text())
+    assert scratch_tok["model"]["vocab"] == student_tok["model"]["vocab"]
     assert (paths.live_dir("teacher") / "plots" / "metrics" / "loss.tsv").exists()
 
 
 def test_distill_outputs_are_consistent(workspace):
-    from pipeline.distill import contaminated, eval_ngrams
+    from pipeline.data.distill import contaminated, eval_ngrams
     from stages import distill
 
-    distill.main()
     p = TINY_PARAMS["distill"]
     metrics = json.loads(paths.metrics_file("distill").read_text())
     n = metrics["questions_sampled"]
@@ -167,10 +153,7 @@ def test_distill_outputs_are_consistent(workspace):
     assert after == before
 
 
-def test_sft_changes_the_weights_then_drills_the_ranking_step(workspace, caplog):
-    from stages import sft
-
-    sft.main()
+def test_sft_changes_the_weights_then_drills_the_ranking_step(workspace, stage_logs):
     before = load_file(paths.model_dir("base") / "model.safetensors")
     after = load_file(paths.model_dir("sft") / "model.safetensors")
     assert before.keys() == after.keys()
@@ -186,7 +169,7 @@ def test_sft_changes_the_weights_then_drills_the_ranking_step(workspace, caplog)
     drill = metrics["rank_drill"]
     assert drill["steps"] == 3 and [p["steps"] for p in drill["phases"]] == [1, 1, 1] and 0 <= drill["exact"] <= 1
     assert (paths.live_dir("sft") / "rank_drill" / "metrics.json").exists()
-    assert any(r.levelname == "WARNING" and "ranking drill" in r.getMessage() for r in caplog.records)
+    assert any(r.levelname == "WARNING" and "ranking drill" in r.getMessage() for r in stage_logs["sft"])
 
 
 def test_sft_mixed_source_with_curriculum_and_logits(workspace):
@@ -198,13 +181,10 @@ def test_sft_mixed_source_with_curriculum_and_logits(workspace):
     params = yaml.safe_load(Path("params.yaml").read_text())
     hard = read_rows(paths.split_file("hard", "distill"))
     distilled = read_rows(paths.split_file("train", "distill"))
-    try:
-        write_params(Path("."), {**params, "sft": {**params["sft"], "source": "mixed", "curriculum": True},
-                                 "distill": {**params["distill"], "method": "logits"}})
-        sft.main()
-        metrics = json.loads(paths.metrics_file("sft").read_text())
-    finally:
-        write_params(Path("."), params)
+    write_params(Path("."), {**params, "sft": {**params["sft"], "source": "mixed", "curriculum": True},
+                             "distill": {**params["distill"], "method": "logits"}})
+    sft.main()
+    metrics = json.loads(paths.metrics_file("sft").read_text())
     assert metrics["source"] == "mixed"
     assert metrics["examples"] == TINY_PARAMS["synthesize"]["n_train"] + len(distilled)
     assert metrics["stage2"]["examples"] == len(hard)
@@ -212,13 +192,9 @@ def test_sft_mixed_source_with_curriculum_and_logits(workspace):
         assert metrics["stage2"]["weights_changed"] == 1.0
     assert metrics["logits"]["steps"] == TINY_PARAMS["distill"]["logit_steps"]
     assert metrics["logits"]["weights_changed"] > 0
-    sft.main()  # back to the default (gold, no curriculum) for the stages below
 
 
 def test_prm_data_labels_policy_steps_from_gold_values_and_mcts(workspace):
-    from stages import prm_data
-
-    prm_data.main()
     rows = read_rows(paths.split_file("train", "prm_data"))
     val = read_rows(paths.split_file("val", "prm_data"))
     # The 12-step tiny policy rarely writes a Step or Answer line: gold rows may be few, MCTS paths always exist.
@@ -251,20 +227,14 @@ def test_prm_data_refuses_the_policys_own_question_seed(workspace, capsys):
     params["prm_data"]["question_seed"] = params["synthesize"]["seed"]
     before = (paths.stage_data("prm_data") / "train.parquet").read_bytes()
     write_params(workspace, params)
-    try:
-        with pytest.raises(SystemExit) as exc:
-            prm_data.main()
-    finally:
-        write_params(workspace)
+    with pytest.raises(SystemExit) as exc:
+        prm_data.main()
     assert exc.value.code == 2
     assert "prm_data.question_seed" in capsys.readouterr().err
     assert (paths.stage_data("prm_data") / "train.parquet").read_bytes() == before
 
 
 def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspace):
-    from stages import prm
-
-    prm.main()
     metrics = json.loads(paths.metrics_file("prm").read_text())
     assert "rank_drill" not in metrics  # the policy it starts from drilled in `sft`
     assert metrics["weights_changed"] > 0.5 and metrics["steps"] > 0
@@ -287,18 +257,14 @@ def test_prm_trains_the_policy_as_a_verifier_and_reports_held_out_auroc(workspac
     calibration = json.loads((paths.live_dir("prm") / "calibration.json").read_text())
     assert sum(b["lines"] for b in calibration) == metrics["held_out"]["lines"]
     assert (paths.live_dir("prm") / "calibration.png").exists()
-    from pipeline.prm import PRMScorer
+    from pipeline.prm.model import PRMScorer
 
     scorer = PRMScorer.load(paths.model_dir("prm"), device="cpu")  # a marked PRM: the policy's LM read as verdicts
     assert scorer.score(["Question: ?\n"], [["Step 1: x.", "Answer: 1"]])[0] != []
 
 
 def test_evaluate(workspace):
-    from stages import evaluate
-
-    evaluate.main(["--model", "teacher"])
     assert json.loads(paths.eval_metrics_file("teacher").read_text())["accuracy"] >= 0.0
-    evaluate.main(["--model", "sft"])
     metrics = json.loads(paths.eval_metrics_file("sft").read_text())
     for key in ("accuracy", "accuracy_ood", "step_accuracy", "by_answer_type", "by_task_type", "by_chain_length",
                 "tokens_per_question", "baseline_majority"):
@@ -335,24 +301,17 @@ def test_evaluate(workspace):
 
 
 def test_evaluate_refuses_a_prm_with_another_tokenizer(workspace, capsys):
-    import shutil
 
-    from pipeline.models import train_tokenizer
+    from pipeline.modeling.models import train_tokenizer
     from stages import evaluate
 
     # evaluate.decoding.prm names the prm stage's folder only (its DVC dependency): the PRM there gets a tokenizer
-    # of other words, the real one kept aside
+    # of other words
     prm_dir = paths.model_dir("prm")
-    kept = prm_dir.parent / "prm.kept"
-    shutil.copytree(prm_dir, kept)
     train_tokenizer(["a vocabulary from other words entirely"] * 20, vocab_size=280).save_pretrained(prm_dir)
     before = paths.eval_metrics_file("sft").read_bytes()
-    try:
-        with pytest.raises(SystemExit) as exc:
-            evaluate.main(["--model", "sft"])
-    finally:
-        shutil.rmtree(prm_dir)
-        kept.rename(prm_dir)
+    with pytest.raises(SystemExit) as exc:
+        evaluate.main(["--model", "sft"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "models/prm: the PRM's tokenizer" in err and "models/sft" in err
@@ -362,7 +321,6 @@ def test_evaluate_refuses_a_prm_with_another_tokenizer(workspace, capsys):
 def test_mine_buckets_the_pool_and_builds_pairs(workspace):
     from stages import mine
 
-    mine.main()
     metrics = json.loads(paths.metrics_file("mine").read_text())
     pool = read_rows(paths.split_file("pool", "mine"))
     rl = read_rows(paths.split_file("rl", "mine"))
@@ -383,9 +341,6 @@ def test_mine_buckets_the_pool_and_builds_pairs(workspace):
 
 
 def test_grpo_trains_with_guided_replay_and_logs_curves(workspace):
-    from stages import grpo
-
-    grpo.main()
     metrics = json.loads(paths.metrics_file("grpo").read_text())
     p = TINY_PARAMS["grpo"]
     assert metrics["steps"] == p["max_steps"] and metrics["weights_changed"] == 1.0
@@ -422,24 +377,20 @@ def test_grpo_tbrm_one_rollout_per_prompt(workspace):
     params = yaml.safe_load(Path("params.yaml").read_text())
     saved = paths.model_dir("grpo") / "model.safetensors"
     kept = saved.read_bytes()
-    try:
-        # with a custom reward from the repository's rewards/ package, logged under its params name
-        custom = {"brevity": {"function": "rewards.example:brevity", "weight": 0.1}}
-        write_params(Path("."), {**params, "grpo": {**params["grpo"], "algorithm": "tbrm"},
-                                 "rewards": {**params["rewards"], "custom": custom}})
-        grpo.main()
-        metrics = json.loads(paths.metrics_file("grpo").read_text())
-        brevity = paths.live_dir("grpo") / "plots" / "metrics" / "rewards" / "brevity" / "mean.tsv"
-        values = [float(line.split("\t")[-1]) for line in brevity.read_text().splitlines()[1:]]
-    finally:
-        write_params(Path("."), params)
+    # with a custom reward from the repository's rewards/ package, logged under its params name
+    custom = {"brevity": {"function": "rewards.example:brevity", "weight": 0.1}}
+    write_params(Path("."), {**params, "grpo": {**params["grpo"], "algorithm": "tbrm"},
+                             "rewards": {**params["rewards"], "custom": custom}})
+    grpo.main()
+    metrics = json.loads(paths.metrics_file("grpo").read_text())
+    brevity = paths.live_dir("grpo") / "plots" / "metrics" / "rewards" / "brevity" / "mean.tsv"
+    values = [float(line.split("\t")[-1]) for line in brevity.read_text().splitlines()[1:]]
     p = TINY_PARAMS["grpo"]
     assert values and all(0.0 <= v <= 1.0 for v in values)  # rewards.example:brevity was called on the rollouts
     assert metrics["algorithm"] == "tbrm" and metrics["weights_changed"] == 1.0
     assert metrics["rollouts"] == p["max_steps"] * p["prompts_per_step"] * p["num_generations"]  # equal rollouts
     assert "guided_replay" not in metrics
     assert saved.read_bytes() != kept
-    grpo.main()  # back to GRPO for the stages below
 
 
 def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
@@ -451,11 +402,8 @@ def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
     saved = (paths.model_dir("grpo") / "model.safetensors").read_bytes()
     bad = {**params, "rewards": {**params["rewards"], "weights": {"accuracy": 1.0, "helpfulness": 0.5}}}
     Path("params.yaml").write_text(yaml.safe_dump(bad))
-    try:
-        with pytest.raises(SystemExit) as exc:
-            grpo.main()
-    finally:
-        write_params(Path("."), params)
+    with pytest.raises(SystemExit) as exc:
+        grpo.main()
     assert exc.value.code == 2
     assert "rewards.weights.helpfulness" in capsys.readouterr().err
     assert (paths.model_dir("grpo") / "model.safetensors").read_bytes() == saved
@@ -464,28 +412,18 @@ def test_grpo_rejects_an_unknown_reward_before_any_work(workspace, capsys):
 def test_grpo_whose_updates_were_all_zero_fails_unless_allowed(workspace, caplog, capsys):
     """max_steps 1 is the warm-up's first step, at learning rate 0: no weight moves. The stage fails (exit 1) and
     leaves models/grpo and its metrics as they were, rather than pass the SFT model off as trained;
-    grpo.allow_no_update publishes it with a warning (models/grpo and its metrics are put back for the tests below)."""
-    import shutil
-
+    grpo.allow_no_update publishes it with a warning."""
     from stages import grpo
 
     params = yaml.safe_load(Path("params.yaml").read_text())
     kept = {path: path.read_bytes() for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
-    try:
-        write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1}})
-        with pytest.raises(SystemExit) as failed:
-            grpo.main()
-        untouched = {path: path.read_bytes()
-                     for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
-        write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1, "allow_no_update": True}})
+    write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1}})
+    with pytest.raises(SystemExit) as failed:
         grpo.main()
-        metrics = json.loads(paths.metrics_file("grpo").read_text())
-    finally:
-        write_params(Path("."), params)
-        shutil.rmtree(paths.model_dir("grpo"))
-        paths.model_dir("grpo").mkdir()
-        for path, data in kept.items():
-            path.write_bytes(data)
+    untouched = {path: path.read_bytes() for path in [paths.metrics_file("grpo"), *paths.model_dir("grpo").iterdir()]}
+    write_params(Path("."), {**params, "grpo": {**params["grpo"], "max_steps": 1, "allow_no_update": True}})
+    grpo.main()
+    metrics = json.loads(paths.metrics_file("grpo").read_text())
     assert failed.value.code == 1 and untouched == kept
     assert ("error: grpo: 1 step(s) left the weights as they were (a learning rate of 0, as in the first warm-up "
             "step, or gradients that were all zero); nothing is published") in capsys.readouterr().err
@@ -498,12 +436,9 @@ def test_grpo_whose_updates_were_all_zero_fails_unless_allowed(workspace, caplog
 
 def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
     from pipeline.config import load_section
-    from pipeline.models import load_tokenizer
-    from pipeline.rl import passes_per_token
-    from pipeline.task_data import gold_rows
-    from stages import sft_extended
-
-    sft_extended.main()
+    from pipeline.modeling.models import load_tokenizer
+    from pipeline.rl.grpo import passes_per_token
+    from pipeline.data.task_data import gold_rows
     metrics = json.loads(paths.metrics_file("sft_extended").read_text())
     grpo = json.loads(paths.metrics_file("grpo").read_text())
     cfg, sft = load_section("grpo"), load_section("sft")
@@ -523,28 +458,17 @@ def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
 def test_a_bfloat16_model_section_trains_float32_master_weights(workspace):
     """model.dtype: bfloat16 is how the sampling stages load; a trainer keeps float32 weights, or AdamW's small
     updates (a pretrained model's 1e-5) round away in bfloat16: most elements would not move at all."""
-    import shutil
-
     import yaml
 
     from stages import sft_extended
 
     params = yaml.safe_load(Path("params.yaml").read_text())
     before = load_file(paths.model_dir("sft") / "model.safetensors")
-    metrics = json.loads(paths.metrics_file("sft_extended").read_text())
-    kept = paths.model_dir("sft_extended").parent / "sft_extended.kept"
-    shutil.copytree(paths.model_dir("sft_extended"), kept)
-    try:
-        write_params(Path("."), {**params, "model": {"dtype": "bfloat16"},
-                                 "sft_extended": {**params["sft_extended"], "learning_rate": 1e-5}})
-        sft_extended.main()
-        after = load_file(paths.model_dir("sft_extended") / "model.safetensors")
-        reported = json.loads(paths.metrics_file("sft_extended").read_text())["elements_changed"]
-    finally:
-        write_params(Path("."), params)
-        shutil.rmtree(paths.model_dir("sft_extended"))
-        kept.rename(paths.model_dir("sft_extended"))
-        paths.metrics_file("sft_extended").write_text(json.dumps(metrics))
+    write_params(Path("."), {**params, "model": {"dtype": "bfloat16"},
+                             "sft_extended": {**params["sft_extended"], "learning_rate": 1e-5}})
+    sft_extended.main()
+    after = load_file(paths.model_dir("sft_extended") / "model.safetensors")
+    reported = json.loads(paths.metrics_file("sft_extended").read_text())["elements_changed"]
     assert {t.dtype for t in after.values()} == {torch.float32}
     moved = sum(int((after[k] != before[k]).sum()) for k in before) / sum(t.numel() for t in before.values())
     assert moved > 0.9  # in bfloat16, 1e-5 steps moved 7% of a pretrained model's elements
@@ -564,28 +488,24 @@ def test_sft_extended_steps_by_hand():
 def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog, capsys):
     from stages import dpo
 
-    from pipeline.distill import PAIR_SCHEMA
-    from pipeline.io import write_rows
+    from pipeline.data.distill import PAIR_SCHEMA
+    from pipeline.core.io import write_rows
 
     pairs_file = paths.split_file("pairs", "mine")
-    mined = pairs_file.read_bytes()
     gold = read_rows(paths.split_file("train"))[:8]
     # right vs wrong chains of the same prompts: the gold rationale against one with the answer changed
     pairs = [{"id": r["id"], "prompt": r["prompt"], "chosen": r["rationale"],
               "rejected": r["rationale"].rsplit("Answer:", 1)[0] + "Answer: 12345", "source": "policy"} for r in gold]
-    try:
-        write_rows(pairs_file, [], schema=PAIR_SCHEMA)
+    write_rows(pairs_file, [], schema=PAIR_SCHEMA)
+    dpo.main()
+    empty = json.loads(paths.metrics_file("dpo").read_text())
+    write_rows(pairs_file, pairs[:4], schema=PAIR_SCHEMA)  # one batch: one step, at the warm-up's lr 0
+    with pytest.raises(SystemExit) as failed:
         dpo.main()
-        empty = json.loads(paths.metrics_file("dpo").read_text())
-        write_rows(pairs_file, pairs[:4], schema=PAIR_SCHEMA)  # one batch: one step, at the warm-up's lr 0
-        with pytest.raises(SystemExit) as failed:
-            dpo.main()
-        untouched = json.loads(paths.metrics_file("dpo").read_text())
-        write_rows(pairs_file, pairs, schema=PAIR_SCHEMA)
-        dpo.main()
-        metrics = json.loads(paths.metrics_file("dpo").read_text())
-    finally:
-        pairs_file.write_bytes(mined)
+    untouched = json.loads(paths.metrics_file("dpo").read_text())
+    write_rows(pairs_file, pairs, schema=PAIR_SCHEMA)
+    dpo.main()
+    metrics = json.loads(paths.metrics_file("dpo").read_text())
     assert empty == {"source": "mine", "pairs": 0, "steps": 0, "weights_changed": 0.0, "elements_changed": 0.0,
                      "world_size": 1}  # the SFT model, said so
     # one step that moved nothing fails the stage and publishes nothing (dpo.allow_no_update would)
@@ -600,9 +520,6 @@ def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog, c
 
 
 def test_evaluate_reports_pass_at_k_and_maj_at_k(workspace):
-    from stages import evaluate
-
-    evaluate.main(["--model", "grpo"])
     metrics = json.loads(paths.eval_metrics_file("grpo").read_text())
     k = 4
     for key in (f"pass_at_{k}", f"maj_at_{k}", f"pass_at_{k}_ood", f"maj_at_{k}_ood"):
@@ -619,11 +536,8 @@ def test_corrupted_input_fails_naming_the_file(workspace, capsys):
     good = train.read_bytes()
     model_before = (paths.model_dir("base") / "model.safetensors").read_bytes()
     train.write_bytes(good[: len(good) // 2])  # a truncated download
-    try:
-        with pytest.raises(SystemExit) as exc:
-            base.main()
-    finally:
-        train.write_bytes(good)
+    with pytest.raises(SystemExit) as exc:
+        base.main()
     assert exc.value.code == 2
     assert "data/synthesize/train.parquet" in capsys.readouterr().err
     # the previous output is untouched and no temporary folder is left
@@ -652,7 +566,7 @@ def test_openai_teacher_end_to_end_keeps_the_key_out(workspace, monkeypatch):
         port = sock.getsockname()[1]
     # A separate process, as a real vLLM/SGLang server would be (and no torch thread left at exit here).
     server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.openai_server", str(paths.model_dir("teacher").resolve()), "--port",
+        [sys.executable, "-m", "pipeline.inference.openai_server", str(paths.model_dir("teacher").resolve()), "--port",
          str(port), "--api-key-env", "STAGE_TEACHER_KEY", "--served-model-name", "local"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
@@ -730,11 +644,11 @@ def test_transformers_teacher_references_a_saved_model(workspace, monkeypatch):
 def test_lora_trains_only_adapters_in_sft_grpo_and_dpo_and_evaluate_loads_them(workspace):
     """`lora`: sft saves its adapter beside models/base (which keeps its bytes), grpo an adapter on that adapter,
     dpo a merged model whose linear weights moved by a rank-r update and whose embeddings did not; evaluate
-    loads the adapter chain. Last in the module: models/sft is an adapter afterwards."""
+    loads the adapter chain."""
     import yaml
 
-    from pipeline.distill import PAIR_SCHEMA
-    from pipeline.io import write_rows
+    from pipeline.data.distill import PAIR_SCHEMA
+    from pipeline.core.io import write_rows
     from stages import dpo, evaluate, grpo, sft
 
     params = yaml.safe_load(Path("params.yaml").read_text())
@@ -744,15 +658,12 @@ def test_lora_trains_only_adapters_in_sft_grpo_and_dpo_and_evaluate_loads_them(w
         {"id": g["id"], "prompt": g["prompt"], "chosen": g["rationale"], "source": "policy",
          "rejected": g["rationale"].rsplit("Answer:", 1)[0] + "Answer: 12345"} for g in gold], schema=PAIR_SCHEMA)
     r = 2
-    try:
-        write_params(Path("."), {**params, "lora": {"sft": True, "grpo": True, "dpo": True, "r": r, "save": "adapter"}})
-        sft.main()
-        grpo.main()
-        write_params(Path("."), {**params, "lora": {"dpo": True, "r": r, "save": "merged"}})
-        dpo.main()
-        evaluate.main(["--model", "grpo"])
-    finally:
-        write_params(Path("."), params)
+    write_params(Path("."), {**params, "lora": {"sft": True, "grpo": True, "dpo": True, "r": r, "save": "adapter"}})
+    sft.main()
+    grpo.main()
+    write_params(Path("."), {**params, "lora": {"dpo": True, "r": r, "save": "merged"}})
+    dpo.main()
+    evaluate.main(["--model", "grpo"])
     assert (paths.model_dir("base") / "model.safetensors").read_bytes() == base_bytes
     for stage, on in (("sft", "models/base"), ("grpo", "models/sft")):
         folder = paths.model_dir(stage)
@@ -766,7 +677,7 @@ def test_lora_trains_only_adapters_in_sft_grpo_and_dpo_and_evaluate_loads_them(w
         assert 0 < metrics["lora"]["trainable_parameters"] < metrics["lora"]["parameters"] / 2, metrics["lora"]
     assert json.loads(paths.eval_metrics_file("grpo").read_text())["questions"] > 0
 
-    from pipeline.models import load_weights
+    from pipeline.modeling.models import load_weights
 
     policy = load_weights(paths.model_dir("sft")).state_dict()  # the sft adapter folded into the base
     merged = load_file(paths.model_dir("dpo") / "model.safetensors")

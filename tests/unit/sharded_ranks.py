@@ -19,11 +19,11 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from pipeline import sharding
-from pipeline.checkpoints import run_key
-from pipeline.generation import decode, pad
-from pipeline.models import save_model, train_tokenizer
-from pipeline.training import snapshot, weights_changed
+from pipeline.core import sharding
+from pipeline.training.checkpoints import run_key
+from pipeline.inference.generation import decode, pad
+from pipeline.modeling.models import save_model, train_tokenizer
+from pipeline.training.trainer import snapshot, weights_changed
 
 NEW_TOKENS = 12
 NEVER = -1  # an id no row ever picks: such a row runs all NEW_TOKENS steps

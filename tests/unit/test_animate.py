@@ -1,4 +1,4 @@
-"""pipeline/video: raster charts, edits and their masks, filters, temporal questions, MP4 files, the stage core."""
+"""pipeline/data/video: raster charts, edits and their masks, filters, temporal questions, MP4 files, the stage core."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from pipeline.config import AnimateConfig, ConfigError, SynthesizeConfig, parse_section
-from pipeline.grading import extract_answer, extract_steps, grade
-from pipeline.io import InputError
-from pipeline.video import filters
-from pipeline.video.backends import ProceduralBackend, check_backend
-from pipeline.video.clips import read_mp4, write_mp4
-from pipeline.video.edits import EDIT_OPS, choose_edit
-from pipeline.video.questions import temporal_questions
-from pipeline.video.render import Layout, Scene, changed_region, draw, nice_max
-from pipeline.video.sample import make_plan, make_sample
+from pipeline.data.grading import extract_answer, extract_steps, grade
+from pipeline.core.io import InputError
+from pipeline.data.video import filters
+from pipeline.data.video.backends import ProceduralBackend, check_backend
+from pipeline.data.video.clips import read_mp4, write_mp4
+from pipeline.data.video.edits import EDIT_OPS, choose_edit
+from pipeline.data.video.questions import temporal_questions
+from pipeline.data.video.render import Layout, Scene, changed_region, draw, nice_max
+from pipeline.data.video.sample import make_plan, make_sample
 
 SMALL = AnimateConfig(frames=6, width=96, height=72, samples=3, contact_sheet=1)
 CHARTS = ("bar", "grouped_bar", "stacked_bar", "line", "pie")
@@ -83,7 +83,7 @@ def test_edit_changes_only_its_region(op, t):
     scene = Scene.of(t, t["values"])
     src, src_marks = draw(layout, scene)
     tgt, tgt_marks = draw(layout, edit.apply(scene))
-    from pipeline.video.render import region_mask
+    from pipeline.data.video.render import region_mask
 
     mask = np.asarray(region_mask(changed_region(src_marks, tgt_marks), 160, 120, margin=1)) > 0
     assert edit.op == op and edit.instruction.endswith(".")
@@ -116,7 +116,7 @@ def test_instructions_name_the_mark():
 
 
 def _note_box(t: dict, i: int) -> tuple:
-    from pipeline.video.edits import Edit
+    from pipeline.data.video.edits import Edit
 
     layout = Layout(t, 320, 240)
     scene = Edit("annotate", ((i, 0),), "", text="Peak").apply(Scene.of(t, t["values"]))
@@ -169,7 +169,7 @@ def test_change_value_fits_the_axis_in_every_frame():
 
 
 def test_recolour_with_every_colour_in_use_falls_back_to_another_op():
-    from pipeline.cof.tables import COLOURS
+    from pipeline.data.cof.tables import COLOURS
 
     t = {**table("pie"), "categories": [f"C{k}" for k in range(len(COLOURS))],
          "values": [[k + 1] for k in range(len(COLOURS))], "colours": list(COLOURS)}
@@ -319,7 +319,7 @@ def test_first_exceeding_prefers_a_crossing():
 # --- clips, seeds, bad input -------------------------------------------------------------------------------
 
 def _row(seed: int = 0, image_path: str | None = None) -> dict:
-    from pipeline.cof.tables import random_table
+    from pipeline.data.cof.tables import random_table
 
     t = random_table(random.Random(seed), SynthesizeConfig(chart_types=["bar", "line", "grouped_bar"], max_series=2))
     return {"id": f"train-{seed:06d}", "table": json.dumps(t), "image_path": image_path}
@@ -456,7 +456,7 @@ def test_diffusers_backend_checks_the_frame_count_it_gets():
 
     from PIL import Image
 
-    from pipeline.video.backends import DiffusersBackend
+    from pipeline.data.video.backends import DiffusersBackend
 
     class Pipe:  # a stand-in for a diffusers pipeline that makes `made` frames whatever it is asked
         def __init__(self, made: int) -> None:

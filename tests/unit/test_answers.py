@@ -1,4 +1,4 @@
-"""Answer formats and graders (pipeline/answers.py) on hand-written cases."""
+"""Answer formats and graders (pipeline/data/answers.py) on hand-written cases."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from pipeline import answers
-from pipeline.answers import extract, grade_with, last_boxed
+from pipeline.data import answers
+from pipeline.data.answers import extract, grade_with, last_boxed
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
-from pipeline import cards, chat
+from pipeline.modeling import cards, chat
 from pipeline.config import BaseModelConfig, PromptConfig, SFTConfig
-from pipeline.models import build_student, save_model, train_tokenizer
+from pipeline.modeling.models import build_student, save_model, train_tokenizer
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline import chat
+from pipeline.modeling import chat
 from pipeline.config import BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, parse_section
-from pipeline.models import BUILT_TEMPLATE, EOS, build_student, load_tokenizer, save_model, train_tokenizer
+from pipeline.modeling.models import (BUILT_TEMPLATE, EOS, build_student, check_models, load_tokenizer, save_model,
+                                      train_tokenizer)
 
 CORPUS = ["Tom has 3 apples and buys 4 more. How many?\nStep 1: 3 + 4 = 7.\nAnswer: 7"] * 30
 LLAMA3 = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
@@ -78,7 +79,7 @@ def test_sft_trains_on_the_completion_tokens_of_the_templated_conversation(tok, 
     from trl import SFTTrainer
 
     from pipeline.config import TrainConfig
-    from pipeline.training import prompt_completion_dataset, trainer_args
+    from pipeline.training.trainer import prompt_completion_dataset, trainer_args
 
     as_chat()
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
@@ -95,7 +96,7 @@ def test_sft_trains_on_the_completion_tokens_of_the_templated_conversation(tok, 
 
 
 def test_guided_rollout_renders_conversational_prompts_and_finds_their_gold(tok, as_chat):
-    from pipeline.rl import GuidedRollout
+    from pipeline.rl.grpo import GuidedRollout
 
     as_chat()
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
@@ -115,7 +116,7 @@ def test_guided_rollout_renders_conversational_prompts_and_finds_their_gold(tok,
 
 
 def test_prm_spans_point_at_the_steps_after_a_templated_prompt(tok, as_chat):
-    from pipeline.prm import encode_many
+    from pipeline.prm.model import encode_many
 
     as_chat()
     (ids, spans), = encode_many(tok, ["How many?"], [["Step 1: 3 + 4 = 7.", "Answer: 7"]])
@@ -124,8 +125,8 @@ def test_prm_spans_point_at_the_steps_after_a_templated_prompt(tok, as_chat):
 
 
 def test_step_search_and_samplers_render_the_prompt(tok, as_chat):
-    from pipeline.generation import LocalSampler
-    from pipeline.search import StepPolicy
+    from pipeline.inference.generation import LocalSampler
+    from pipeline.evaluation.search import StepPolicy
 
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -135,7 +136,7 @@ def test_step_search_and_samplers_render_the_prompt(tok, as_chat):
     as_chat()
     assert StepPolicy(model, tok).render("How many?") == "<|user|>\nHow many?\n<|assistant|>\n"
     templated = LocalSampler(model, tok).sample(["How many?"], max_new_tokens=4)
-    from pipeline.generation import generate
+    from pipeline.inference.generation import generate
     assert templated == generate(model, tok, ["<|user|>\nHow many?\n<|assistant|>\n"], max_new_tokens=4)
     assert raw == generate(model, tok, ["How many?"], max_new_tokens=4)
 
@@ -148,14 +149,14 @@ def test_chat_needs_a_template_a_chat_route_and_system_needs_chat(tmp_path, tok)
                                              max_position_embeddings=64), tok), tok, tmp_path / "plain")
     base = BaseModelConfig(model=str(tmp_path / "plain"))
     with pytest.raises(ConfigError, match=r"base\.model: .*plain' has no chat template"):
-        chat.check_models(chat_cfg, base=base)
-    chat.check_models(PromptConfig(format="raw"), base=base)  # raw prompts need no template
+        check_models(chat_cfg, base=base)
+    check_models(PromptConfig(format="raw"), base=base)  # raw prompts need no template
     teacher = TeacherConfig(backend="transformers", model=str(tmp_path / "plain"))
     with pytest.raises(ConfigError, match=r"teacher\.model"):
-        chat.check_models(chat_cfg, teacher=teacher)
+        check_models(chat_cfg, teacher=teacher)
     remote = TeacherConfig(backend="openai", model="m", base_url="http://127.0.0.1:1/v1", api="completions")
     with pytest.raises(ConfigError, match=r"teacher\.api: .*set teacher\.api: chat"):
-        chat.check_models(chat_cfg, teacher=remote)
+        check_models(chat_cfg, teacher=remote)
     with pytest.raises(ConfigError, match=r"prompt: .*system: a system message needs format chat"):
         parse_section("prompt", PromptConfig, {"format": "raw", "system": "Be brief."})
 
@@ -186,19 +187,19 @@ def test_a_loaded_model_must_load_in_any_format_naming_its_key(tmp_path, tok, mo
             (tmp_path / "bin_only", ": no model.safetensors .*pickled weights .*convert them once"),
             (tmp_path / "no_tokenizer", ": no tokenizer files")):
         with pytest.raises(ConfigError, match=rf"base\.model: {folder}{message}"):
-            chat.check_models(raw, base=BaseModelConfig(model=str(folder)))
+            check_models(raw, base=BaseModelConfig(model=str(folder)))
     with monkeypatch.context() as m:  # a mistyped folder beside real ones: local, named at once (not a Hub id)
         m.chdir(tmp_path)
         with pytest.raises(ConfigError, match=r"base\.model: tokenizer_only/typo: no such folder \(a local path"):
-            chat.check_models(raw, base=BaseModelConfig(model="tokenizer_only/typo"))
+            check_models(raw, base=BaseModelConfig(model="tokenizer_only/typo"))
     tok.pad_token = tok.eos_token = None
     save_model(model, tok, tmp_path / "no_pad")
     with pytest.raises(ConfigError, match=r"teacher\.model: the tokenizer of .*no_pad' has neither a pad nor an EOS"):
-        chat.check_models(raw, teacher=TeacherConfig(backend="transformers", model=str(tmp_path / "no_pad")))
+        check_models(raw, teacher=TeacherConfig(backend="transformers", model=str(tmp_path / "no_pad")))
 
 
 def test_the_server_chat_route_applies_the_template_or_concatenates_without_one(tok):
-    from pipeline.openai_server import _chat_prompt
+    from pipeline.inference.openai_server import _chat_prompt
 
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "Q"}]}]
     assert _chat_prompt(messages, tok) == "<|system|>\nS\n<|user|>\nQ\n<|assistant|>\n"

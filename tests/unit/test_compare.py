@@ -1,10 +1,10 @@
-"""The paired bootstrap and the regression gate (pipeline/compare.py) on hand-made predictions."""
+"""The paired bootstrap and the regression gate (pipeline/evaluation/compare.py) on hand-made predictions."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.compare import NotComparable, paired_bootstrap, regressed
+from pipeline.evaluation.compare import NotComparable, paired_bootstrap, regressed
 
 
 def rows(correct: list[bool], split: str = "test", answers: list[str] | None = None) -> list[dict]:
@@ -61,7 +61,7 @@ def test_different_test_sets_are_refused():
 
 
 def test_the_gate_fails_a_sure_drop_beyond_its_margin_and_a_model_it_cannot_judge():
-    from pipeline.compare import gate, parse_gate
+    from pipeline.evaluation.compare import gate, parse_gate
 
     results = {"sft": paired_bootstrap(rows([True] * 200), rows([True] * 190 + [False] * 10)),
                "grpo": paired_bootstrap(rows([True, False] * 50), rows([True, False] * 50)),
@@ -82,7 +82,8 @@ def test_the_gate_fails_a_sure_drop_beyond_its_margin_and_a_model_it_cannot_judg
 
 def test_two_revisions_are_compared_with_each_other_and_the_report_exits_1_on_a_regression(monkeypatch, capsys):
     from pipeline import __main__ as cli
-    from pipeline import compare, orchestrate, report
+    from pipeline.evaluation import compare, report
+    from pipeline.orchestration import orchestrate
 
     by_rev = {"A": rows([True] * 200), "B": rows([True] * 150 + [False] * 50)}
     asked = []
@@ -123,7 +124,9 @@ class DataIndexDirError(Exception):
 def _quiet_report(monkeypatch, by_rev: dict, recorded: dict | None = None, diff=None, rows=None):
     """`report` with predictions per revision from `by_rev` (absent: DVC's error for a missing output) and every
     table but the comparison stubbed."""
-    from pipeline import compare, orchestrate, report, versions
+    from pipeline.evaluation import compare, report
+    from pipeline.core import versions
+    from pipeline.orchestration import orchestrate
 
     def read(path, rev=None, split="test"):
         if rev not in by_rev:
@@ -170,7 +173,7 @@ def test_a_version_without_predictions_gets_one_line_saying_what_fetches_them_an
     assert "error: --fail-on-regression could not judge 1 model(s) (exit 3, not 1" in err
     # a regression beside a model it cannot judge: 1, the finding
     _quiet_report(monkeypatch, {"A": good, "B": worse})
-    monkeypatch.setattr("pipeline.compare.read_predictions", lambda path, rev=None, split="test": (
+    monkeypatch.setattr("pipeline.evaluation.compare.read_predictions", lambda path, rev=None, split="test": (
         {"A": good, "B": worse}[rev] if "/sft/" in path or rev == "B" else
         (_ for _ in ()).throw(DataIndexDirError("failed to load"))))
     assert cli.main(["report", "--rev", "A", "--rev", "B", "--fail-on-regression", "sft:0.1",
@@ -179,7 +182,7 @@ def test_a_version_without_predictions_gets_one_line_saying_what_fetches_them_an
     assert "Gate (sft:0.1, grpo): regressed" in out and "regression: sft: accuracy 1.000 -> 0.750" in err
     assert "\ngrpo: cannot judge a regression: no predictions at A" in err
     # the workspace's own: dvc.lock records them but they are not here; `dvc pull` from the remote fetches them
-    from pipeline.compare import Missing, missing_lines
+    from pipeline.evaluation.compare import Missing, missing_lines
 
     workspace = missing_lines({"grpo": Missing("no predictions at the workspace: not in the workspace",
                                                [(None, "evaluate@grpo")])})
@@ -189,7 +192,7 @@ def test_a_version_without_predictions_gets_one_line_saying_what_fetches_them_an
 
 
 def test_recording_stage_reads_a_revisions_dvc_lock():
-    from pipeline.compare import recording_stage
+    from pipeline.evaluation.compare import recording_stage
 
     assert recording_stage("data/evaluate/sft/predictions.parquet", "HEAD") == "evaluate@sft"
     assert recording_stage("data/evaluate/nosuch/predictions.parquet", "HEAD") is None

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import SECTIONS, ConfigError, SFTConfig, load_section, validate_all
-from pipeline.profiles import defaults
+from pipeline.config import SECTIONS, ConfigError, SFTConfig, load_section
+from pipeline.orchestration.validation import validate_all
+from pipeline.orchestration.profiles import defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,7 +186,7 @@ def test_teacher_and_distill_params_are_checked(tmp_path, section, values, messa
 def test_packing_without_flash_attention_is_refused(tmp_path):
     """Padding-free packing reads a batch as one sequence: without flash_attention_2 it costs memory quadratic in the
     whole batch (BENCHMARKS.md, the gpu profile on an H200), so params validation names the keys."""
-    from pipeline.profiles import render, resolve
+    from pipeline.orchestration.profiles import render, resolve
 
     params = resolve("tiny", ["sft.packing=true"], root=ROOT)
     path = tmp_path / "params.yaml"
@@ -210,7 +211,7 @@ def test_the_stage_refuses_packing_without_flash_attention_too(tmp_path, monkeyp
     """A plain `dvc repro` skips `pipeline repro`'s validation: the stage's main checks again, before any work."""
     import importlib
 
-    from pipeline.profiles import render, resolve
+    from pipeline.orchestration.profiles import render, resolve
 
     sets = [f"{key}.packing=true"]
     path = tmp_path / "params.yaml"

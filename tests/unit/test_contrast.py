@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from pipeline.contrast import contrast_rows, listed, step_kind, wrong_choices
+from pipeline.prm.contrast import contrast_rows, listed, step_kind, wrong_choices
 
 SELECT = "Step 1: Select all bars: Norway 4, Egypt 13, Japan 14, Peru 13."
 

@@ -8,19 +8,20 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError
-from pipeline.schedule import DEPLOYMENT_FILE, load
+from pipeline.orchestration.schedule import DEPLOYMENT_FILE, load
 from tests.conftest import ROOT
 
 
 def test_the_shipped_deployment_names_the_repro_flow_and_only_its_parameters():
-    from pipeline.orchestrate import repro_flow
+    from pipeline.orchestration.orchestrate import repro_flow
 
     shipped = load(path=ROOT / DEPLOYMENT_FILE)
     raw = yaml.safe_load((ROOT / DEPLOYMENT_FILE).read_text())["deployments"][0]
-    assert raw["entrypoint"] == "pipeline/orchestrate.py:repro_flow" and shipped.full_name == "repro/nightly"
+    assert raw["entrypoint"] == "pipeline/orchestration/orchestrate.py:repro_flow" \
+        and shipped.full_name == "repro/nightly"
     assert set(shipped.parameters) <= set(inspect.signature(repro_flow.fn).parameters)
     assert shipped.cron == "0 3 * * *" and shipped.timezone == "UTC" and shipped.pool == "pipeline"
-    from pipeline.compare import parse_gate
+    from pipeline.evaluation.compare import parse_gate
 
     assert [parse_gate(g) for g in shipped.parameters["gate"]] == [("sft_extended", 0.02)]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.distill import (
+from pipeline.data.distill import (
     contaminated, eval_ngrams, histogram, in_window, is_verified, jaccard, ngrams, outputs, select,
 )
-from pipeline.generation import Generation
+from pipeline.inference.generation import Generation
 
 ROW = {
     "id": "q1", "prompt": "Chart: bar.\nJan: 15 | Apr: 6\nQuestion: How much larger is Jan than Apr?\n",

@@ -1,4 +1,4 @@
-"""The table-reading drills (pipeline/drills.py), written out by hand for one chart, and a tiny drilled run."""
+"""The table-reading drills (pipeline/training/drills.py), written out by hand for one chart, and a tiny drilled run."""
 
 import json
 import random
@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from pipeline import drills
+from pipeline.training import drills
 from pipeline.config import BaseModelConfig, DrillConfig, SynthesizeConfig
-from pipeline.models import build_student, train_tokenizer
+from pipeline.modeling.models import build_student, train_tokenizer
 
 HEAD = "Chart: pie. Title: Points by team (pts)."
 ROW = {
@@ -239,7 +239,7 @@ def test_drill_until_read_stops_at_a_later_init_that_passes(monkeypatch):
     assert built == [0, 1] and model.read == 0.95 and [a["kept"] for a in attempts] == [False, True]
 
 
-# the ranking step as the rationales word it (pipeline/cof/verbalize.STEPS), written out by hand
+# the ranking step as the rationales word it (pipeline/data/cof/verbalize.STEPS), written out by hand
 ASKED = {"largest": "The largest of them is", "smallest": "The smallest of them is",
          "second largest": "The second largest of them is", "second smallest": "The second smallest of them is"}
 

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.config import ConfigError, GRPOStageConfig, validate_all
-from pipeline.engines import local_sampler, require_vllm
-from pipeline.generation import LocalSampler
-from pipeline.rl import GuidedRollout, grpo_args
+from pipeline.config import ConfigError, GRPOStageConfig
+from pipeline.orchestration.validation import validate_all
+from pipeline.inference.engines import local_sampler, require_vllm
+from pipeline.inference.generation import LocalSampler
+from pipeline.rl.grpo import GuidedRollout, grpo_args
 from tests.unit.test_rl import tiny  # noqa: F401  (a module-scoped fixture: a tiny student and its tokenizer)
 
 VLLM_HERE = importlib.util.find_spec("vllm") is not None
@@ -42,7 +43,7 @@ def test_vllm_without_a_cuda_device_says_what_it_found(monkeypatch):
                                                   "set generation.engine: hf"),
                                                  (["grpo.use_vllm=true"], "grpo.use_vllm", "set grpo.use_vllm: false")])
 def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key, instead):
-    from pipeline.profiles import render, resolve
+    from pipeline.orchestration.profiles import render, resolve
     from tests.unit.test_profiles import ROOT
 
     path = tmp_path / "params.yaml"
@@ -52,14 +53,14 @@ def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key,
 
 
 def test_grpo_args_hand_trl_its_vllm_settings(tmp_path, monkeypatch):
-    from pipeline import vllm_server
+    from pipeline.inference import vllm_server
 
     args = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://h:8000",
                                      vllm_gpu_memory_utilization=0.4), [1.0], tmp_path)
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://h:8000")
     assert args.vllm_gpu_memory_utilization == 0.4
     assert grpo_args(GRPOStageConfig(), [1.0], tmp_path).use_vllm is False
-    # no URL in the params: the server the stage started (pipeline.vllm_server), as its ranks inherit it
+    # no URL in the params: the server the stage started (pipeline.inference.vllm_server), as its ranks inherit it
     monkeypatch.setenv(vllm_server.URL_ENV, "http://127.0.0.1:4321")
     started = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server"), [1.0], tmp_path)
     assert started.vllm_server_base_url == "http://127.0.0.1:4321"
@@ -85,7 +86,7 @@ def test_grpo_colocated_on_an_adapter_folder_exits_before_loading(tmp_path, monk
 
 
 def test_the_default_engine_is_the_decode_loop_on_the_saved_model(tiny, tmp_path):  # noqa: F811
-    from pipeline.models import save_model
+    from pipeline.modeling.models import save_model
 
     model, tok = tiny
     save_model(model, tok, tmp_path / "m")

@@ -1,6 +1,6 @@
 """Evaluation summaries on hand-computed cases."""
 
-from pipeline.evaluation import majority_answers, majority_baseline, score, summarize
+from pipeline.evaluation.metrics import majority_answers, majority_baseline, score, summarize
 
 
 def row(i, answer, answer_type, task_type="extreme_value", chain_length=2, steps=("A 5", "5")):

@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from pipeline.cof import explorer
-from pipeline.cof.core import BOOL, FUNCTIONS, NUM, OBJS, TEXT, Reject
-from pipeline.cof.explorer import (
+from pipeline.data.cof import explorer
+from pipeline.data.cof.core import BOOL, FUNCTIONS, NUM, OBJS, TEXT, Reject
+from pipeline.data.cof.explorer import (
     BANNED_PAIRS,
     BOOL_JOINERS,
     NUM_JOINERS,
@@ -18,7 +18,7 @@ from pipeline.cof.explorer import (
     can_finish,
     explore,
 )
-from pipeline.cof.tables import TableContext, random_table
+from pipeline.data.cof.tables import TableContext, random_table
 from pipeline.config import SynthesizeConfig
 from tests.conftest import FULL_SYNTHESIS
 

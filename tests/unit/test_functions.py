@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from pipeline.cof.core import FUNCTIONS, Reject, as_num
-from pipeline.cof.tables import TableContext
+from pipeline.data.cof.core import FUNCTIONS, Reject, as_num
+from pipeline.data.cof.tables import TableContext
 
 GROUPS = {
     "selection", "value", "min_max", "filter", "count", "position", "text_information",

@@ -6,16 +6,15 @@ from collections import Counter
 
 import pytest
 
-from pipeline.cof import generate
-from pipeline.cof.core import FUNCTIONS
-from pipeline.cof.generate import (
-    SPLITS, block_count, block_quotas, generate_dataset, more_questions, more_train_questions, parse_held_out, spread,
-    task_type,
-)
-from pipeline.cof.tables import random_table
-from pipeline.config import SynthesizeConfig
-from pipeline.grading import extract_answer, grade, step_accuracy
-from pipeline.io import EXAMPLE_SCHEMA, write_rows
+from pipeline.data.cof import generate
+from pipeline.data.cof.core import FUNCTIONS
+from pipeline.data.cof.generate import (SPLITS, block_count, block_quotas, generate_dataset, more_questions,
+                                        more_train_questions, spread, task_type)
+from pipeline.data.cof.core import parse_held_out
+from pipeline.data.cof.tables import random_table
+from pipeline.config import ConfigError, SynthesizeConfig
+from pipeline.data.grading import extract_answer, grade, step_accuracy
+from pipeline.core.io import EXAMPLE_SCHEMA, write_rows
 from tests.conftest import FULL_SYNTHESIS
 
 SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10, **FULL_SYNTHESIS)
@@ -259,7 +258,7 @@ def test_held_out_pairs_only_appear_in_ood():
 
     assert not any(has_pair(r) for s in ("train", "val", "test") for r in rows[s])
     assert any(has_pair(r) and r["chain_length"] < cfg.ood_min_chain_length for r in rows["ood"])
-    with pytest.raises(ValueError, match="ood_held_out_pairs"):
+    with pytest.raises(ConfigError, match="ood_held_out_pairs"):
         parse_held_out(["select_all>no_such_function"])
 
 
@@ -286,7 +285,7 @@ def test_task_type(functions, answer_type, expected):
 
 
 def test_render_is_byte_for_byte_deterministic(small, tmp_path):
-    from pipeline.cof.render import render_chart
+    from pipeline.data.cof.render import render_chart
 
     by_type = {r["chart_type"]: json.loads(r["table"]) for r in all_rows(small[0])}
     assert set(by_type) == set(SMALL.chart_types)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline.config import BaseModelConfig
-from pipeline.generation import LocalSampler, decode, generate
-from pipeline.models import build_student, train_tokenizer
+from pipeline.inference.generation import LocalSampler, decode, generate
+from pipeline.modeling.models import build_student, train_tokenizer
 
 PROMPTS = ["Question: what is 3+4?\n", "Q: 12-5\n", "Question: what is the largest of 2, 9 and 4?\n", "7*8=\n"]
 
@@ -92,7 +92,7 @@ class Vocabulary:
 
 
 def test_a_blank_line_after_text_ends_a_row_however_the_newlines_are_tokenized():
-    from pipeline.generation import BlankLineStop
+    from pipeline.inference.generation import BlankLineStop
 
     vocab = Vocabulary({0: "a", 1: "\n", 2: "\n\n", 3: " ", 4: ".\n", 5: "\nb", 6: "x\n\ny", 7: ".\n\n", 8: ""})
     rule = BlankLineStop(vocab)
@@ -126,11 +126,11 @@ def test_a_blank_line_after_text_ends_a_row_however_the_newlines_are_tokenized()
 def test_decoding_with_the_blank_line_rule_cuts_each_row_at_its_first_paragraph(tiny):
     import re
 
-    from pipeline.generation import BlankLineStop
+    from pipeline.inference.generation import BlankLineStop
 
     import copy
 
-    from pipeline.search import newline_ids
+    from pipeline.evaluation.search import newline_ids
 
     model, tok = tiny
     model = copy.deepcopy(model)

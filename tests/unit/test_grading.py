@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.grading import (
+from pipeline.data.grading import (
     extract_answer,
     extract_steps,
     grade,
@@ -163,7 +163,7 @@ SMOLLM2_REPLIES = [
 def test_smollm2s_answer_styles_read_strictly_and_leniently(reply, gold, answer_type, strict, lenient):
     """The strict reader takes the task's `Answer:` line, emphasis or not; the lenient one any reply's last number,
     yes or no, or the gold word in its last line: a gain under the strict reading alone is the format learned."""
-    from pipeline.grading import extract_answer, grade, lenient_correct
+    from pipeline.data.grading import extract_answer, grade, lenient_correct
 
     read = extract_answer(reply)
     assert (read is not None and grade(read, gold, answer_type)) is strict

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.io import InputError, atomic_dir, hash_path, read_rows, write_manifest, write_rows
+from pipeline.core.io import InputError, atomic_dir, hash_path, read_rows, write_manifest, write_rows
 
 
 def test_atomic_dir_replaces_only_on_success(tmp_path):
@@ -66,8 +66,8 @@ def test_metrics_go_where_dvc_hashes_them_and_their_timings_beside(tmp_path, mon
     TRL's step times and our throughputs go to timings/, in their places; a run without any removes the old file."""
     import json
 
-    from pipeline import paths
-    from pipeline.io import write_metrics
+    from pipeline.core import paths
+    from pipeline.core.io import write_metrics
 
     monkeypatch.chdir(tmp_path)
     metrics = {"eval": {"loss": 1.1, "runtime": 0.3, "samples_per_second": 670.7}, "step_time": 2.5, "steps": 8,

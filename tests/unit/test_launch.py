@@ -1,5 +1,6 @@
-"""The `launch` section (pipeline/launch.py): which stages launch, the accelerate command, what this machine
-refuses before any work, the shipped accelerate configs, and rank 0 as the only writer (pipeline/io.py)."""
+"""The `launch` section (pipeline/orchestration/launch.py): which stages launch, the accelerate command, what this
+machine refuses before any work, the shipped accelerate configs, and rank 0 as the only writer
+(pipeline/core/io.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import torch
 import yaml
 from pydantic import ValidationError
 
-from pipeline import io, launch
+from pipeline.core import io
+from pipeline.orchestration import launch
 from pipeline.config import ConfigError, LaunchConfig, LoraConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,10 +222,10 @@ def test_a_rank_killed_without_a_word_is_named_with_its_signal(monkeypatch):
 def test_a_rank_stops_when_its_launcher_is_killed(tmp_path):
     """Torch elastic starts a rank in a session of its own, out of reach of a SIGKILL to the run's process group:
     the rank watches its launcher and goes with it."""
-    from pipeline.runlock import running
+    from pipeline.core.processes import running
 
     ready = tmp_path / "watching"
-    rank_code = ("from pipeline.launch import watch_launcher; watch_launcher(0.1); import pathlib, time; "
+    rank_code = ("from pipeline.orchestration.launch import watch_launcher; watch_launcher(0.1); import pathlib, time; "
                  f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
     launcher = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time; "
@@ -231,7 +233,8 @@ def test_a_rank_stops_when_its_launcher_is_killed(tmp_path):
         "print(p.pid, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     child = int(launcher.stdout.readline())
     deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline:  # the rank has imported pipeline.launch: watching
+    # the rank has imported pipeline.orchestration.launch: watching
+    while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert running(child) and ready.exists()
     launcher.kill()

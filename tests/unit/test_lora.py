@@ -1,5 +1,5 @@
-"""LoRA adapters (pipeline/lora.py): wrapped only when the stage is switched on, saved merged or as an adapter on
-its base folder, and loaded back by `pipeline.models` as the same function."""
+"""LoRA adapters (pipeline/modeling/lora.py): wrapped only when the stage is switched on, saved merged or as an adapter
+on its base folder, and loaded back by `pipeline.modeling.models` as the same function."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from pipeline import lora
+from pipeline.modeling import lora
 from pipeline.config import BaseModelConfig, LoraConfig
-from pipeline.models import build_student, load_model, load_weights, save_model, train_tokenizer
+from pipeline.modeling.models import build_student, load_model, load_weights, save_model, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_only_the_trained_adapter_is_saved(base, monkeypatch):
 def test_a_rank_other_than_0_writes_no_weights(base, tmp_path, monkeypatch, save):
     """Under DDP every rank holds the same weights and rank 0 writes them; another rank's output folder is a
     throwaway stand-in, so a copy of the model there is only disk spent (N - 1 copies of it)."""
-    from pipeline import io
+    from pipeline.core import io
 
     monkeypatch.chdir(base)
     monkeypatch.setenv(io.LAUNCHED, "sft")
@@ -132,7 +132,7 @@ def test_a_rank_other_than_0_writes_no_weights(base, tmp_path, monkeypatch, save
 
 
 def test_an_adapter_whose_base_is_missing_fails_naming_it(base, monkeypatch):
-    from pipeline.io import InputError
+    from pipeline.core.io import InputError
 
     monkeypatch.chdir(base)
     folder = base / "models/orphan"

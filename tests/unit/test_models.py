@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from pipeline.config import BaseModelConfig
-from pipeline.models import EOS, PAD, build_student, load_model, load_tokenizer, save_model, train_tokenizer
+from pipeline.modeling.models import EOS, PAD, build_student, load_model, load_tokenizer, save_model, train_tokenizer
 
 CORPUS = [
     "Chart: bar. Title: Sales.\n2016: 15 grey | 2017: 7 teal\nQuestion: What is the total?\n"
@@ -116,7 +116,7 @@ def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path, monkeypatch)
     def second_try(*args, **kwargs):
         raise AssertionError("AutoTokenizer was tried for a folder that does not exist")
 
-    monkeypatch.setattr("pipeline.models.AutoTokenizer.from_pretrained", second_try)
+    monkeypatch.setattr("pipeline.modeling.models.AutoTokenizer.from_pretrained", second_try)
     with pytest.raises(OSError):
         load_tokenizer(tmp_path / "nothing-here")
 
@@ -125,7 +125,7 @@ def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path,
     import torch
 
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, load_kwargs, load_model, save_model, train_tokenizer
+    from pipeline.modeling.models import build_student, load_kwargs, load_model, save_model, train_tokenizer
 
     tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
     cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -146,7 +146,7 @@ def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path,
 
 
 def test_a_tokenizer_without_pad_or_eos_fails_naming_the_folder(tmp_path):
-    from pipeline.io import InputError
+    from pipeline.core.io import InputError
 
     tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
     cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -165,7 +165,7 @@ def test_a_damaged_local_model_is_named_before_it_samples_nonsense(tmp_path, mon
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.io import InputError
+    from pipeline.core.io import InputError
 
     tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
     cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -1,5 +1,5 @@
-"""How `python -m pipeline repro` reads a failed `dvc repro` (pipeline/orchestrate.py): the stage, its exit code
-and its own reason, from the stderr it passed through."""
+"""How `python -m pipeline repro` reads a failed `dvc repro` (pipeline/orchestration/orchestrate.py): the stage, its
+exit code and its own reason, from the stderr it passed through."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 import threading
 
-from pipeline.orchestrate import STAGE_FAILED, TEE_TAIL, _pass_through, failure_code, stage_failure
+from pipeline.orchestration.orchestrate import STAGE_FAILED, TEE_TAIL, _pass_through, failure_code, stage_failure
 
 # What DVC 3 and a stage print when the stage refuses its input (flows.fail, then DVC's verdict)
 BAD_INPUT = """Running stage 'synthesize':
@@ -65,8 +65,8 @@ def git(*args: str, cwd) -> str:
 
 
 def test_a_recorded_version_commits_its_lock_params_and_metrics_only(tmp_path, monkeypatch):
-    from pipeline.versions import uncommitted_files
-    from pipeline.orchestrate import record_version
+    from pipeline.core.versions import uncommitted_files
+    from pipeline.orchestration.orchestrate import record_version
 
     for cmd in (["init", "-q"], ["config", "user.email", "ci@example.com"], ["config", "user.name", "ci"]):
         git(*cmd, cwd=tmp_path)
@@ -94,7 +94,7 @@ def test_a_recorded_version_commits_its_lock_params_and_metrics_only(tmp_path, m
 def test_a_remote_that_cannot_work_is_named_before_any_transfer(tmp_path, monkeypatch):
     import sys
 
-    from pipeline.versions import missing_remote
+    from pipeline.core.versions import missing_remote
 
     def dvc(*args: str) -> None:
         subprocess.run([sys.executable, "-m", "dvc", *args], cwd=tmp_path, capture_output=True, check=True)
@@ -114,7 +114,7 @@ def test_a_remote_that_cannot_work_is_named_before_any_transfer(tmp_path, monkey
 def test_the_metrics_diff_leaves_out_timings_an_old_revision_still_holds(monkeypatch):
     import json
 
-    from pipeline import orchestrate
+    from pipeline.orchestration import orchestrate
 
     diff = {"metrics/sft.json": {"train_seconds": {"old": 52.0, "new": 620.3, "diff": 568.3},
                                  "final_loss": {"old": 0.5, "new": 0.4, "diff": -0.1}},
@@ -138,7 +138,7 @@ def test_server_reports_whether_one_runs_and_starts_one_only_when_asked(tmp_path
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from pipeline import __main__ as cli
-    from pipeline import flows
+    from pipeline.orchestration import flows
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     started = []
@@ -165,7 +165,7 @@ def test_server_reports_whether_one_runs_and_starts_one_only_when_asked(tmp_path
 
     health = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=health.serve_forever, daemon=True).start()
-    # a stand-in watchdog: its command line carries `--seconds 600` as pipeline.idle's does
+    # a stand-in watchdog: its command line carries `--seconds 600` as pipeline.orchestration.idle's does
     watchdog = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--seconds", "600"])
     try:
         url = f"http://127.0.0.1:{health.server_address[1]}/api"

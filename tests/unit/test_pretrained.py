@@ -1,4 +1,5 @@
-"""Getting a real pretrained model without a model hub (pipeline/pretrained.py): what is refused, and how it is named.
+"""Getting a real pretrained model without a model hub (pipeline/modeling/pretrained.py): what is refused, and how it
+is named.
 
 The download, the conversion and SmolLM2 itself are exercised by tests/e2e/test_smollm2.py (`make test-slow`)."""
 
@@ -11,9 +12,9 @@ import zipfile
 
 import pytest
 
-from pipeline import pretrained
+from pipeline.modeling import pretrained
 from pipeline.config import BaseModelConfig, is_local
-from pipeline.io import InputError
+from pipeline.core.io import InputError
 
 SMOLLM2 = pretrained.KNOWN["smollm2"]
 

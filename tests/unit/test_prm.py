@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from pipeline.io import InputError
-from pipeline.models import train_tokenizer
-from pipeline.prm import (
+from pipeline.core.io import InputError
+from pipeline.modeling.models import train_tokenizer
+from pipeline.prm.model import (
     EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
     expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_from_policy,
     pair_loss, path_outcome, plain_lm_head, prm_loss, scored_lines, token_logits,
@@ -94,7 +94,7 @@ def test_calibration_table_and_ece():
 
 def test_held_out_over_no_lines_measures_nothing():
     """No held-out lines (a tiny run's val split): every share is None, as AUROC is, not a measured 0."""
-    from pipeline.prm import held_out
+    from pipeline.prm.model import held_out
 
     class NoScorer:
         def score(self, prompts, steps):
@@ -153,8 +153,8 @@ def test_a_gold_chain_row_is_trained_by_next_token_cross_entropy_not_by_its_verd
 def test_the_trainer_passes_the_chain_weight_to_the_loss(tmp_path, tokenizer, prm):
     from transformers import TrainingArguments
 
-    from pipeline.prm import collate, encode_many
-    from pipeline.training import PRMTrainer
+    from pipeline.prm.model import collate, encode_many
+    from pipeline.training.trainer import PRMTrainer
 
     (ids, spans), = encode_many(tokenizer, ["Q\n"], [RIGHT.splitlines()])
     batch = collate([{"input_ids": ids, "spans": spans, "line_labels": [1.0] * len(spans), "kind": 2}], 0)
@@ -212,7 +212,7 @@ def test_collate_carries_questions_and_outcomes_only_when_every_feature_has_them
 
 
 def test_question_grouped_sampler_keeps_a_question_together_and_reshuffles_each_epoch():
-    from pipeline.training import QuestionGroupedSampler
+    from pipeline.training.trainer import QuestionGroupedSampler
 
     questions = [0, 1, 0, 2, 1, 0, 3, 3, 4, 5]
     sampler = QuestionGroupedSampler(questions, seed=0)
@@ -236,8 +236,8 @@ def test_the_trainer_adds_the_pair_loss_and_groups_a_question_s_paths(tmp_path, 
     from datasets import Dataset
     from transformers import TrainingArguments
 
-    from pipeline.prm import encode_many
-    from pipeline.training import PRMTrainer, QuestionGroupedSampler
+    from pipeline.prm.model import encode_many
+    from pipeline.training.trainer import PRMTrainer, QuestionGroupedSampler
 
     wrong = RIGHT.replace("Answer: 9", "Answer: 8")
     encoded = encode_many(tokenizer, ["Q\n", "Q\n"], [RIGHT.splitlines(), wrong.splitlines()])
@@ -450,7 +450,7 @@ def test_loading_a_policy_as_the_prm_fails_with_a_clear_message(tokenizer, prm, 
 
 
 def test_within_question_pair_accuracy_ignores_question_difficulty():
-    from pipeline.prm import within_question
+    from pipeline.prm.model import within_question
 
     rows = [{"id": "q", "steps": ["Step 1: a", "Answer: 1"], "labels": [1.0, 1.0]},
             {"id": "q", "steps": ["Answer: 2"], "labels": [0.0]},
@@ -484,20 +484,20 @@ def test_a_deeper_prm_starts_as_the_policy_and_round_trips(tokenizer, prm, tmp_p
 @pytest.mark.parametrize("grouped", [False, True])
 def test_prm_train_batches_paths_of_one_length_when_asked(tmp_path, monkeypatch, tokenizer, prm, grouped):
     """`prm.group_by_length`: transformers' length-grouped sampler over the features' `length` (less padding)."""
-    import pipeline.prm
+    import pipeline.prm.model
     from pipeline.config import PRMConfig
-    from pipeline.training import prm_train
+    from pipeline.training.trainer import prm_train
 
     short, long = ["Step 1: The value is 3.", "Answer: No"], scored_lines(RIGHT)
     rows = [{"id": f"q{i}", "prompt": "Q\n", "steps": steps, "labels": [1.0] * len(steps), "source": "gold"}
             for i in range(32) for steps in (short, long)]
-    widths, collate_ = [], pipeline.prm.collate
+    widths, collate_ = [], pipeline.prm.model.collate
 
     def spy(features, pad_value):
         widths.append({len(f["input_ids"]) for f in features})
         return collate_(features, pad_value)
 
-    monkeypatch.setattr(pipeline.prm, "collate", spy)
+    monkeypatch.setattr(pipeline.prm.model, "collate", spy)
     cfg = PRMConfig(group_by_length=grouped, num_train_epochs=1, per_device_train_batch_size=4, chain_weight=0.0)
     metrics = prm_train(cfg, copy.deepcopy(prm), tokenizer, rows, tmp_path / "work", tmp_path / "live")
     assert metrics["steps"] == 16 and len(widths) == 16
@@ -512,7 +512,7 @@ def test_the_scorer_and_scored_lines_refuse_what_they_cannot_read_and_take_a_gen
     """What generate() gives (a list per prompt of Generations) passed whole used to come back as no lines, and
     the scorer as [[]]: now a Generation is read by its text, and a list or a bare text is a TypeError saying what
     is wanted."""
-    from pipeline.generation import Generation
+    from pipeline.inference.generation import Generation
 
     one = Generation(text=RIGHT, tokens=30)
     assert scored_lines(one) == scored_lines(RIGHT) and scored_lines(None) == []

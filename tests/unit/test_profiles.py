@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import profiles
-from pipeline.config import SECTIONS, ConfigError, load_section, validate_all
-from pipeline.pretrained import known_folder
+from pipeline.orchestration import profiles
+from pipeline.config import SECTIONS, ConfigError, load_section
+from pipeline.orchestration.validation import validate_all
+from pipeline.modeling.pretrained import known_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOLVED = Path(__file__).parent / "resolved"
@@ -38,7 +39,7 @@ def example_sets(name: str, value: object = "example") -> list[str]:
 def saved_model(folder: Path) -> Path:
     """A tiny built student saved in Hugging Face format, with the chat template a built tokenizer carries."""
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.models import build_student, save_model, train_tokenizer
 
     tokenizer = train_tokenizer(["Question: 1 + 2?\n#### 3"] * 20, 280)
     cfg = BaseModelConfig(seed=0, vocab_size=280, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

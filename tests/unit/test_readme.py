@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report import RESULT_COLUMNS, results_markdown
+from pipeline.evaluation.report import RESULT_COLUMNS, results_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -78,9 +78,9 @@ def test_the_load_a_model_lines_run_as_written_and_show_what_they_return(tmp_pat
     import torch
 
     from pipeline.config import BaseModelConfig
-    from pipeline.generation import Generation
-    from pipeline.models import build_student, save_model, train_tokenizer
-    from pipeline.prm import prm_from_policy
+    from pipeline.inference.generation import Generation
+    from pipeline.modeling.models import build_student, save_model, train_tokenizer
+    from pipeline.prm.model import prm_from_policy
 
     (row,) = [line for line in README.read_text().splitlines() if line.startswith(LOAD_ROW)]
     statements = _row_statements(row)
@@ -105,6 +105,6 @@ def test_the_load_a_model_lines_run_as_written_and_show_what_they_return(tmp_pat
     out, scores = namespace["out"], namespace["scores"]
     assert isinstance(out, list) and len(out) == 1 and len(out[0]) == 1 and isinstance(out[0][0], Generation)
     assert isinstance(out[0][0].text, str) and out[0][0].tokens >= 1
-    lines = namespace["pipeline"].prm.scored_lines(out[0][0].text)
+    lines = namespace["pipeline"].prm.model.scored_lines(out[0][0].text)
     assert isinstance(scores, list) and len(scores) == 1 and len(scores[0]) == len(lines)
     assert all(0.0 <= s <= 1.0 for s in scores[0])

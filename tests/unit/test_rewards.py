@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from pipeline.config import ConfigError, RewardsConfig, parse_section
-from pipeline.rewards import REWARDS, build_rewards, total_reward
+from pipeline.rl.rewards import REWARDS, build_rewards, total_reward
 
 GOOD = "Step 1: Select the 2019 point: 2019 16.\nStep 2: Its value is 16.\nStep 3: 2 * 16 = 32.\nAnswer: 32"
 STEPS = ["2019 16", "16", "32"]

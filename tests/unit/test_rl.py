@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from pipeline.config import BaseModelConfig, GRPOStageConfig, MineConfig
-from pipeline.distill import QuestionResult
-from pipeline.evaluation import majority_vote, pass_at_k, sampled_metrics
-from pipeline.mining import bucket, policy_pairs, rl_set
-from pipeline.models import build_student, train_tokenizer
-from pipeline.rl import GuidedRollout, TBRMTrainer, grpo_args, success_amplification
+from pipeline.data.distill import QuestionResult
+from pipeline.evaluation.metrics import majority_vote, pass_at_k, sampled_metrics
+from pipeline.data.mining import bucket, policy_pairs, rl_set
+from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.rl.grpo import GuidedRollout, grpo_args, success_amplification
+from pipeline.rl.tbrm import TBRMTrainer
 
 
 def result(i: int, correct: int, g: int = 8, kept=None, failed=None) -> QuestionResult:
@@ -170,8 +171,8 @@ def test_tbrm_loss_is_the_squared_trajectory_residual(tiny):
 def test_tbrm_reference_stays_frozen_while_the_policy_moves(tiny, tmp_path):
     """The reference must not share the policy's (TRL-patched) forward: else every log ratio is 0."""
     from pipeline.config import RewardsConfig
-    from pipeline.rewards import build_rewards
-    from pipeline.rl import rl_dataset
+    from pipeline.rl.rewards import build_rewards
+    from pipeline.rl.grpo import rl_dataset
 
     model, tok = tiny
     rows = [{"id": f"q{a}", "prompt": f"Q{a}\n", "answer": str(a + 1), "answer_type": "number",
@@ -195,7 +196,7 @@ def test_tbrm_reference_stays_frozen_while_the_policy_moves(tiny, tmp_path):
 def test_models_markdown_puts_models_side_by_side_with_the_rl_yardstick(tmp_path):
     import json
 
-    from pipeline.orchestrate import models_markdown
+    from pipeline.orchestration.orchestrate import models_markdown
 
     root = tmp_path / "metrics"
     (root / "evaluate").mkdir(parents=True)

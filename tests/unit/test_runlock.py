@@ -10,7 +10,7 @@ from dvc.exceptions import DvcException
 from dvc.fs import LocalFileSystem
 from dvc.rwlock import _edit_rwlock
 
-from pipeline import runlock
+from pipeline.orchestration import runlock
 
 
 def _dead_pid() -> int:

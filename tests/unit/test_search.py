@@ -7,10 +7,10 @@ import math
 import pytest
 
 from pipeline.config import DecodingConfig
-from pipeline.decoding import (
+from pipeline.evaluation.decoding import (
     Decoder, ceilings, faithfulness_probes, inconsistency, paired_difference, reversed_trend, swapped,
 )
-from pipeline.search import (
+from pipeline.evaluation.search import (
     Line, Node, backpropagate, beam_search, best_terminal, mcts, newline_ids, prefix, prm_mcts, select, tree_paths,
     ucb,
 )
@@ -160,7 +160,7 @@ def test_decoder_maj_and_best_of_n_on_the_same_samples():
 
 
 def test_weighted_vote_sums_each_answers_scores_and_returns_its_best_sample():
-    from pipeline.decoding import weighted_vote
+    from pipeline.evaluation.decoding import weighted_vote
 
     row = {"answer_type": "number"}
     # 5 weighs 0.5 + 0.5 = 1.0 against 9's single 0.9: the vote goes to 5, its best-scored sample (the second)
@@ -213,7 +213,7 @@ def test_paired_difference_of_hand_counted_answers():
 
 
 def test_newline_ids_are_every_token_whose_text_holds_a_newline():
-    from pipeline.models import train_tokenizer
+    from pipeline.modeling.models import train_tokenizer
 
     tokenizer = train_tokenizer(["Step 1: It is 5.\nAnswer: 5\n\n", "Chart: bar.\nQuestion: what?\n"] * 20,
                                 vocab_size=300)
@@ -289,7 +289,7 @@ def test_reversed_trends_and_their_inconsistency_rule():
 
 def test_the_generalisation_table_of_a_dataset_task_has_one_all_column():
     """A dataset task's questions all have the task type "all": no second column beside the table's own."""
-    from pipeline.report import generalisation_markdown
+    from pipeline.evaluation.report import generalisation_markdown
 
     table = generalisation_markdown({"sft": {"decoding": {"greedy": {
         "accuracy": 0.5, "by_task_type": {"all": 0.5}, "accuracy_ood": None, "by_task_type_ood": {}}}}})
@@ -298,7 +298,7 @@ def test_the_generalisation_table_of_a_dataset_task_has_one_all_column():
 
 
 def test_report_tables_each_model_with_both_faithfulness_probes():
-    from pipeline.report import decoding_markdown
+    from pipeline.evaluation.report import decoding_markdown
 
     greedy = {"accuracy": 0.4, "accuracy_ood": 0.1, "tokens_per_question": 48.0, "prm_tokens_per_question": 0.0,
               "seconds_per_question": 0.01}
@@ -343,7 +343,7 @@ class ParagraphPolicy(ScriptedPolicy):
 
 @pytest.fixture
 def paragraphs():
-    from pipeline import task as tasks
+    from pipeline.data import task as tasks
 
     tasks.use(tasks.Task("dataset", "gsm8k", "exact", "paragraph"))
     yield
@@ -351,7 +351,7 @@ def paragraphs():
 
 
 def test_a_sampled_step_is_a_line_or_a_paragraph():
-    from pipeline import task as tasks
+    from pipeline.data import task as tasks
 
     lines, paragraphs = tasks.Task("dataset", "gsm8k", "exact", "line"), tasks.Task("dataset", "gsm8k", "exact",
                                                                                      "paragraph")
@@ -389,8 +389,8 @@ def test_the_step_policy_samples_whole_paragraphs_on_a_tiny_model(paragraphs):
     import torch
 
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, train_tokenizer
-    from pipeline.search import StepPolicy
+    from pipeline.modeling.models import build_student, train_tokenizer
+    from pipeline.evaluation.search import StepPolicy
 
     texts = [f"{a} + {b} = {a + b}\nso {a + b}.\n\n#### {a + b}" for a in range(10) for b in range(10)]
     tok = train_tokenizer(texts, 200)

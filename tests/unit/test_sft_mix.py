@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.config import SFTConfig, SynthesizeConfig
-from pipeline.io import write_rows
+from pipeline.core.io import write_rows
 
 
 def _questions(tmp_path, n: int) -> None:
@@ -42,7 +42,7 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     what it got before sft.mix."""
     from types import SimpleNamespace
 
-    import pipeline.teacher
+    import pipeline.inference.teacher
     from pipeline.config import DistillConfig
     from stages import sft
 
@@ -66,7 +66,7 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     real_read = sft.read_rows  # the hard set is faked; the temporal questions are read from disk
     monkeypatch.setattr(sft, "read_rows", lambda path, required=(): (
         [{"prompt": "hard", "rationale": "Answer: 1"}] if path == sft.HARD else real_read(path, required=required)))
-    monkeypatch.setattr(pipeline.teacher, "load_local", lambda path: (None, tok))
+    monkeypatch.setattr(pipeline.inference.teacher, "load_local", lambda path: (None, tok))
     rows = [{"prompt": f"p{k}", "rationale": "Answer: 1"} for k in range(10)]
     distill = DistillConfig(method="logits")
 

@@ -1,11 +1,11 @@
-"""Monte-Carlo step labels (pipeline/step_labels.py) on a scripted policy, and the sampler on a tiny model."""
+"""Monte-Carlo step labels (pipeline/prm/step_labels.py) on a scripted policy, and the sampler on a tiny model."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.answers import extract
-from pipeline.step_labels import monte_carlo_labels, step_prefix
+from pipeline.data.answers import extract
+from pipeline.prm.step_labels import monte_carlo_labels, step_prefix
 
 PROMPT = "Tom has 3 bags of 4 apples and eats 2. How many apples?\n"
 GOOD = ["3 * 4 = 12 apples.", "12 - 2 = 10 apples.", "#### 10"]
@@ -61,8 +61,8 @@ def test_the_step_policy_samples_n_reproducible_continuations():
     import torch
 
     from pipeline.config import BaseModelConfig
-    from pipeline.models import build_student, train_tokenizer
-    from pipeline.search import StepPolicy
+    from pipeline.modeling.models import build_student, train_tokenizer
+    from pipeline.evaluation.search import StepPolicy
 
     texts = [f"{a} + {b} = {a + b}\n#### {a + b}" for a in range(10) for b in range(10)]
     tok = train_tokenizer(texts, 200)

@@ -1,13 +1,13 @@
-"""pipeline.task: one reading of a completion (answer, grade, steps, shape, SFT target) per task, on hand-written
+"""pipeline.data.task: one reading of a completion (answer, grade, steps, shape, SFT target) per task, on hand-written
 completions; and the `task` params section's checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline import task as tasks
+from pipeline.data import task as tasks
 from pipeline.config import NO_DATA_DEPENDENCY, ConfigError, TaskConfig, parse_section
-from pipeline.task import COF, Task
+from pipeline.data.task import COF, Task
 
 GSM8K = Task("dataset", "gsm8k", "math_verify", "line")
 BOXED = Task("dataset", "boxed", "math_verify", "paragraph")

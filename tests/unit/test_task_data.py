@@ -1,4 +1,4 @@
-"""A user's dataset read into the example contract (pipeline/task_data.py), on hand-written files."""
+"""A user's dataset read into the example contract (pipeline/data/task_data.py), on hand-written files."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from pipeline.config import ConfigError, DatasetConfig, parse_section
-from pipeline.io import InputError
-from pipeline.task_data import extract_gold, read_task_dataset, split_steps
+from pipeline.core.io import InputError
+from pipeline.data.task_data import extract_gold, read_task_dataset, split_steps
 
 GSM8K_ROWS = [
     {"question": "Tom has 3 bags of 4 apples. How many apples?",
@@ -210,7 +210,7 @@ def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
     with pytest.raises(InputError, match="no such file or folder"):
         read_task_dataset(DatasetConfig(path=str(tmp_path / "absent.jsonl")))
     # huggingface_hub reads HF_HUB_OFFLINE when imported: a fresh process, as a stage would be.
-    code = ("from pipeline.config import DatasetConfig\nfrom pipeline.task_data import read_task_dataset\n"
+    code = ("from pipeline.config import DatasetConfig\nfrom pipeline.data.task_data import read_task_dataset\n"
             "read_task_dataset(DatasetConfig(path='nobody/no-such-dataset'))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -221,7 +221,7 @@ def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
 
 def test_the_data_stage_writes_the_contract_with_sft_targets_and_a_quarantine(tmp_path, monkeypatch):
     from pipeline.config import TaskConfig
-    from pipeline.io import read_rows
+    from pipeline.core.io import read_rows
     from stages import synthesize
 
     folder = tmp_path / "ds"
@@ -250,7 +250,7 @@ def test_the_data_stage_writes_the_contract_with_sft_targets_and_a_quarantine(tm
 
 
 def test_the_rationale_share_is_a_stable_draw_unlike_the_val_cut():
-    from pipeline.task_data import RATIONALE_SALT, in_share
+    from pipeline.data.task_data import RATIONALE_SALT, in_share
 
     prompts = [f"question {k}" for k in range(2000)]
     quarter = [p for p in prompts if in_share(p, 0.25, RATIONALE_SALT)]

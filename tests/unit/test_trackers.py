@@ -9,11 +9,12 @@ import pytest
 import yaml
 from transformers import TrainerCallback
 
-from pipeline import checkpoints, flows, trackers
+from pipeline.training import checkpoints, trackers
+from pipeline.core import phases
 from pipeline.config import SECTIONS, TRACKERS, ConfigError, parse_section
-from pipeline.io import live_atomic_dir
-from pipeline.models import build_student, train_tokenizer
-from pipeline.training import PLACE_ARGS, sft_train
+from pipeline.core.io import live_atomic_dir
+from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.training.trainer import PLACE_ARGS, sft_train
 
 PROMPT, COMPLETION = "Tom has 3 apples and buys 4 more. How many?\n", "Step 1: 3 + 4 = 7.\nAnswer: 7"
 STEPS = 6
@@ -80,7 +81,7 @@ def test_a_tiny_sft_with_tensorboard_writes_the_scalars_dvclive_writes_as_it_tra
     Path("params.yaml").write_text(yaml.safe_dump({"tracking": {"report_to": ["tensorboard"], "logging_dir": "runs"}}))
     monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "params.yaml"))
     monkeypatch.delenv(trackers.TENSORBOARD_DIR, raising=False)
-    monkeypatch.setattr(flows, "current_stage", "sft")
+    monkeypatch.setattr(phases, "current_stage", "sft")
     tok = train_tokenizer([PROMPT + COMPLETION] * 30, 300)
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

@@ -11,8 +11,8 @@ import pytest
 from trl import SFTTrainer
 
 from pipeline.config import BaseModelConfig, TrainConfig
-from pipeline.models import build_student, train_tokenizer
-from pipeline.training import PlainHeadSFTTrainer, prompt_completion_dataset, trainer_args
+from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.training.trainer import PlainHeadSFTTrainer, prompt_completion_dataset, trainer_args
 
 PROMPT, COMPLETION = "Tom has 3 apples and buys 4 more. How many?\n", "Step 1: 3 + 4 = 7.\nAnswer: 7"
 STEPS, BATCH = 4, 2
@@ -50,7 +50,7 @@ def test_the_plain_head_trains_as_trls_own_and_counts_the_same_tokens(tmp_path):
 def test_changed_counts_tensors_and_elements_by_hand():
     import torch
 
-    from pipeline.training import changed, snapshot
+    from pipeline.training.trainer import changed, snapshot
 
     model = torch.nn.Linear(3, 2)  # weight 2x3 (6 elements), bias 2: 8 elements in 2 tensors
     before = snapshot(model)
@@ -66,7 +66,7 @@ def test_changed_counts_tensors_and_elements_by_hand():
 def test_sft_counts_the_rows_trls_truncation_cuts_and_drops_and_warns(tmp_path, caplog):
     """TRL cuts every row to max_length and drops a row whose prompt alone fills it, both silently: sft's metrics
     count both (3 rows of each kind here) and the stage's log says which key to raise."""
-    from pipeline.training import sft_train
+    from pipeline.training.trainer import sft_train
 
     tok = train_tokenizer([PROMPT + COMPLETION] * 30, 300)
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,

@@ -5,14 +5,14 @@ from collections import Counter
 
 import pytest
 
-from pipeline.cof import tables
-from pipeline.cof.core import FUNCTIONS, Reject
-from pipeline.cof.explorer import Step, explore
-from pipeline.cof.tables import TableContext, random_table
-from pipeline.cof.verbalize import format_prompt, verbalize
+from pipeline.data.cof import tables
+from pipeline.data.cof.core import FUNCTIONS, Reject
+from pipeline.data.cof.explorer import Step, explore
+from pipeline.data.cof.tables import TableContext, random_table
+from pipeline.data.cof.verbalize import format_prompt, verbalize
 from pipeline.config import SynthesizeConfig
 from tests.conftest import FULL_SYNTHESIS
-from pipeline.grading import STEP_SEPARATORS, extract_answer, extract_steps, grade, step_accuracy, step_value
+from pipeline.data.grading import STEP_SEPARATORS, extract_answer, extract_steps, grade, step_accuracy, step_value
 
 SALES = {
     "chart_type": "grouped_bar", "title": "Monthly sales", "unit": "k$", "categories": ["Jan", "Feb", "Mar", "Apr"],

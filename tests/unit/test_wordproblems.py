@@ -1,4 +1,4 @@
-"""The committed GSM8K-format example data (examples/gsm8k) is what pipeline/wordproblems.py writes, and sound."""
+"""The committed GSM8K-format example data (examples/gsm8k) is what pipeline/data/wordproblems.py writes, and sound."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from pipeline.config import DatasetConfig
-from pipeline.task_data import read_task_dataset
-from pipeline.wordproblems import FRAMES, TEST_FRAMES, TRAIN_FRAMES, MAX_VALUE, write
+from pipeline.data.task_data import read_task_dataset
+from pipeline.data.wordproblems import FRAMES, TEST_FRAMES, TRAIN_FRAMES, MAX_VALUE, write
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "gsm8k"

@@ -1,0 +1,1 @@
+"""Evaluation: grading into metrics, decoding strategies and step-level search, version comparison, reports."""

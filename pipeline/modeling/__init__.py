@@ -1,0 +1,1 @@
+"""Models: build or load a model and its tokenizer, prompts and chat templates, LoRA, model cards."""

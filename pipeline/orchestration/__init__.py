@@ -1,0 +1,1 @@
+"""Orchestration: stages as Prefect flows, the repro flow, schedules, launchers, locks, profiles."""

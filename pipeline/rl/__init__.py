@@ -1,0 +1,1 @@
+"""Reinforcement learning on verifiable rewards: GRPO (guided replay, success amplification), TBRM, rewards."""

@@ -1,0 +1,161 @@
+"""The house as docs/design.md draws it: sub-packages on floors, no import circles, the library below orchestration.
+
+Read from the code's own imports (every one, those inside functions too; `if TYPE_CHECKING:` blocks left out, as
+they never run), so a new import that runs back up a floor, or closes a circle, fails here with the file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = ROOT / "pipeline"
+
+# The rooms from the ground up: each may import the rooms below it and never one above. `config` (the params
+# schemas) sits on the ground floor's shoulders because every room reads params; `__main__` (the CLI) is the roof.
+FLOORS = ("core", "config", "data", "modeling", "inference", "prm", "training", "rl", "evaluation", "orchestration",
+          "__main__")
+LIBRARY = FLOORS[:FLOORS.index("orchestration")]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room(module: str) -> str:
+    """`pipeline.data.cof.core` -> data; `pipeline.config` -> config; `pipeline` -> pipeline."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PIPELINE.rglob("*.py"))}
+
+
+def imports(path: Path, known: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported pipeline module, line) for each import in the file that runs; `from a import b` names module a.b
+    when b is one."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in
+                   ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "pipeline"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "pipeline":
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+            out += [(m, node.lineno) for m in subs] or [(node.module, node.lineno)]
+    return out
+
+
+def graph() -> dict[str, list[tuple[str, int]]]:
+    known = modules()
+    return {name: [(m, line) for m, line in imports(path, known) if m in known and m != name]
+            for name, path in known.items()}
+
+
+def circles(edges: dict[str, list[tuple[str, int]]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w, _ in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_circles_are_found():
+    edges = {"a": [("b", 1)], "b": [("c", 1)], "c": [("a", 1)], "d": [("a", 1)]}
+    assert circles(edges) == [["a", "b", "c"]]
+    assert circles({"a": [("b", 1)], "b": []}) == []
+
+
+def test_no_import_circles():
+    found = circles(graph())
+    assert not found, f"modules that import each other in a circle: {found}"
+
+
+def test_every_room_imports_only_the_floors_below_it():
+    ups = []
+    for name, edges in graph().items():
+        here = room(name)
+        if here not in FLOORS:  # pipeline/__init__.py
+            continue
+        ups += [f"{name} (floor {here}) imports {m} (floor {room(m)}), line {line}" for m, line in edges
+                if room(m) in FLOORS and FLOORS.index(room(m)) > FLOORS.index(here)]
+    assert not ups, "imports that run back up a floor:\n" + "\n".join(ups)
+
+
+def test_the_library_imports_no_orchestration():
+    """Training, sampling, the PRM and evaluation run the same whether a flow, a test or a bench calls them: the
+    phase decorator and the stage logger they use live on the ground floor (pipeline.core.phases)."""
+    wrong = [f"{name} imports {m}, line {line}" for name, edges in graph().items() if room(name) in LIBRARY
+             for m, line in edges if room(m) in ("orchestration", "__main__")]
+    assert not wrong, "\n".join(wrong)
+
+
+def documented_layout() -> dict[str, set[str]]:
+    """{sub-package: its modules} from docs/design.md's Layout block: lines `pipeline/<room>/  a.py b.py ...`."""
+    text = (ROOT / "docs/design.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```")[1]
+    layout: dict[str, set[str]] = {}
+    current = None
+    for line in block.splitlines():
+        head = re.match(r"^(pipeline/[\w/]+/)\s", line + " ")
+        if head:
+            current = head.group(1)
+            layout[current] = set()
+        elif not line.startswith(" "):
+            current = None
+        if current:
+            layout[current] |= set(re.findall(r"\b(\w+\.py|\w+/)(?=[\s,;:]|$)", line.split(current, 1)[-1]))
+    return layout
+
+
+def actual_layout() -> dict[str, set[str]]:
+    layout = {}
+    for package in sorted(p for p in PIPELINE.iterdir() if (p / "__init__.py").exists()):
+        entries = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+        entries |= {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()}
+        layout[f"pipeline/{package.name}/"] = entries
+    return layout
+
+
+def test_the_documented_layout_is_the_tree():
+    documented, actual = documented_layout(), actual_layout()
+    assert documented.keys() == actual.keys(), f"docs/design.md's Layout lists {sorted(documented)}; the tree has " \
+                                               f"{sorted(actual)}"
+    for package, entries in actual.items():
+        assert documented[package] == entries, f"docs/design.md's Layout: {package} lists " \
+            f"{sorted(documented[package] - entries)} that are not there, misses " \
+            f"{sorted(entries - documented[package])}"
+    readme = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+    missing = [package for package in actual if f" {package.split('/')[1]}/" not in readme]
+    assert not missing, f"README's Layout does not name {missing}"
