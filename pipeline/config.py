@@ -13,7 +13,7 @@ import types
 import typing
 from functools import lru_cache, reduce
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -294,6 +294,29 @@ class BaseModelConfig(Section):
         return self
 
 
+def check_trl_args(value: dict[str, Any], target: str, own: typing.Iterable[str]) -> dict[str, Any]:
+    """`<section>.trl_args`: options of TRL's config class `target` ("module:Class") that the section's own keys do
+    not already set. TRL is imported only when the mapping holds a key (most stages never load it)."""
+    if not value:
+        return value
+    import dataclasses
+    import importlib
+
+    module, name = target.split(":")
+    options = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name)) if f.init}
+    if unknown := sorted(set(value) - options):
+        raise ValueError(f"{unknown[0]}: not an option of {module}.{name}")
+    if owned := sorted(set(value) & set(own)):
+        raise ValueError(f"{owned[0]}: a key of this section itself; set it there")
+    return value
+
+
+def trl_args_field(target: str) -> Any:
+    module, name = target.split(":")
+    return Field({}, description=f"any other option of {module}.{name}, by its own name (as its documentation "
+                 "spells it); one that a key above or the stage sets is refused")
+
+
 class TrainConfig(Section):
     """Hyperparameters of one TRL SFTTrainer run (loss on the completion only); shared by `sft` and `teacher.train`."""
 
@@ -323,6 +346,13 @@ class TrainConfig(Section):
     max_eval_samples: int = Field(200, ge=1, description="validation questions for the eval loss")
     eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")
     logging_steps: int = Field(20, ge=1, description="log training loss every N steps")
+
+    trl_args: dict[str, Any] = trl_args_field("trl:SFTConfig")
+
+    @field_validator("trl_args")
+    @classmethod
+    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_trl_args(value, "trl:SFTConfig", cls.model_fields)
 
     @field_validator("max_steps")
     @classmethod
@@ -640,6 +670,13 @@ class GRPOStageConfig(Section):
                                                "(weights and KV cache): of the shared GPU colocated, of each of its "
                                                "own started as a server")
 
+    trl_args: dict[str, Any] = trl_args_field("trl:GRPOConfig")
+
+    @field_validator("trl_args")
+    @classmethod
+    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_trl_args(value, "trl:GRPOConfig", cls.model_fields)
+
     @model_validator(mode="after")
     def _replay(self) -> "GRPOStageConfig":
         if self.replay_samples >= self.num_generations:
@@ -668,6 +705,12 @@ class DPOStageConfig(Section):
     logging_steps: int = Field(10, ge=1)
     allow_no_update: bool = Field(False, description="publish models/dpo even when its steps left every weight as "
                                   "it was; false: the stage fails, saying so")
+    trl_args: dict[str, Any] = trl_args_field("trl:DPOConfig")
+
+    @field_validator("trl_args")
+    @classmethod
+    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_trl_args(value, "trl:DPOConfig", cls.model_fields)
 
 
 class SFTExtendedConfig(Section):
@@ -746,6 +789,12 @@ class PRMConfig(Section):
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
     logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")
     batch_size: int = Field(64, ge=1, description="paths scored together when measuring held-out AUROC")
+    trl_args: dict[str, Any] = trl_args_field("transformers:TrainingArguments")
+
+    @field_validator("trl_args")
+    @classmethod
+    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_trl_args(value, "transformers:TrainingArguments", cls.model_fields)
 
 
 class DecodingConfig(Section):

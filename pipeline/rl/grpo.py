@@ -28,7 +28,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from pipeline.modeling import chat
-from pipeline.training import checkpoints, trackers
+from pipeline.training import checkpoints, trackers, trl_config
 from pipeline.core import sharding
 from pipeline.inference import vllm_server
 from pipeline.config import GRPOStageConfig, RewardsConfig
@@ -192,6 +192,10 @@ class GRPO:
 
 ALGORITHMS = {"grpo": GRPO, "tbrm": TBRM}  # grpo.algorithm
 
+# TRL's vLLM options, which the schema names as TRL does: passed only with grpo.use_vllm (the server's URL may come
+# from the server the stage started)
+VLLM_ARGS = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_gpu_memory_utilization", "vllm_server_timeout")
+
 
 def rl_dataset(rows: Sequence[dict]) -> Dataset:
     """The RL pool as TRL reads it: a prompt in the active format (`pipeline.modeling.chat`) and the reward columns."""
@@ -204,22 +208,10 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
     generations = algorithm.parsed_generations(cfg)
     args = dict(
         output_dir=str(output_dir),
-        seed=cfg.seed,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_steps,
-        max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.prompts_per_step * generations,
         num_generations=generations,
-        max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
         beta=algorithm.kl_beta(cfg),
-        epsilon=cfg.epsilon,
-        scale_rewards=cfg.scale_rewards,
-        loss_type=cfg.loss_type,
         reward_weights=rewards_weights,
-        logging_steps=cfg.logging_steps,
         save_strategy="no",
         report_to="none",
         dataloader_num_workers=0,
@@ -230,8 +222,7 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
         url = cfg.vllm_server_base_url or os.environ.get(vllm_server.URL_ENV)
         args.update(use_vllm=True, vllm_mode=cfg.vllm_mode, vllm_server_base_url=url,
                     vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
-    args.update(overrides)
-    return algorithm.finish(GRPOConfig(**args), cfg)
+    return algorithm.finish(trl_config.build(GRPOConfig, cfg, args, overrides, exclude=VLLM_ARGS), cfg)
 
 
 def passes_per_token(cfg: GRPOStageConfig) -> int:

@@ -15,7 +15,7 @@ from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
 from pipeline.modeling import chat
-from pipeline.training import checkpoints, trackers
+from pipeline.training import checkpoints, trackers, trl_config
 from pipeline.core import sharding
 from pipeline.config import TrainConfig
 from pipeline.core.phases import phase, stage_logger
@@ -162,33 +162,20 @@ def device_kwargs() -> dict:
 
 
 def trainer_args(cfg: TrainConfig, output_dir: Path, **overrides) -> TRLSFTConfig:
-    """TRL SFTConfig from a params section; `overrides` for a curriculum phase (e.g. its learning rate)."""
-    args = dict(
+    """TRL SFTConfig from a params section (`pipeline.training.trl_config`: the fields it shares with TRL's, then
+    these, then `trl_args`); `overrides` for a curriculum phase (e.g. its learning rate)."""
+    stage_args = dict(
         output_dir=str(output_dir),
-        seed=cfg.seed,
-        learning_rate=cfg.learning_rate,
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
         per_device_eval_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        warmup_steps=cfg.warmup_steps,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        weight_decay=cfg.weight_decay,
-        max_length=cfg.max_length,
         train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
         completion_only_loss=True,
         eval_strategy="steps",
-        eval_steps=cfg.eval_steps,
-        logging_steps=cfg.logging_steps,
         save_strategy="no",  # DVC keeps the one model that matters; no checkpoints
         report_to="none",  # dvclive is attached explicitly, with its folder
         dataloader_num_workers=0,
         **device_kwargs(),
     )
-    args.update(packing=cfg.packing, gradient_checkpointing=cfg.gradient_checkpointing, torch_compile=cfg.torch_compile)
-    args.update(overrides)
-    return TRLSFTConfig(**args)
+    return trl_config.build(TRLSFTConfig, cfg, stage_args, overrides)
 
 
 class PlainHeadSFTTrainer(SFTTrainer):
@@ -318,35 +305,27 @@ def logit_distill(
 
 
 @phase("train")
+def dpo_args(cfg, work_dir: Path, **overrides):
+    """TRL DPOConfig from the `dpo` section: `nll_weight` > 0 adds TRL's "sft" loss to `loss_type`, weighted."""
+    from trl import DPOConfig
+
+    losses, weights = [cfg.loss_type], [1.0]
+    if cfg.nll_weight > 0:
+        losses, weights = [cfg.loss_type, "sft"], [1.0, cfg.nll_weight]
+    stage_args = dict(output_dir=str(work_dir), loss_type=losses, loss_weights=weights, save_strategy="no",
+                      dataloader_num_workers=0, **device_kwargs())
+    return trl_config.build(DPOConfig, cfg, stage_args, overrides)
+
+
 def dpo_train(cfg, model, tokenizer, pairs: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
     """TRL DPOTrainer in place on `model` over (prompt, chosen, rejected) pairs; `cfg` is the `dpo` section.
 
     The reference is TRL's frozen copy of the starting model. `nll_weight` > 0 adds TRL's "sft" loss on the
     chosen completion (RPO), which keeps a small model from lowering both likelihoods at once.
     """
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOTrainer
 
-    losses, weights = [cfg.loss_type], [1.0]
-    if cfg.nll_weight > 0:
-        losses, weights = [cfg.loss_type, "sft"], [1.0, cfg.nll_weight]
-    args = DPOConfig(
-        output_dir=str(work_dir),
-        seed=cfg.seed,
-        beta=cfg.beta,
-        loss_type=losses,
-        loss_weights=weights,
-        learning_rate=cfg.learning_rate,
-        num_train_epochs=cfg.num_train_epochs,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_steps,
-        max_length=cfg.max_length,
-        logging_steps=cfg.logging_steps,
-        save_strategy="no",
-        **trackers.arguments(live_dir),
-        dataloader_num_workers=0,
-        **device_kwargs(),
-    )
+    args = dpo_args(cfg, work_dir, **trackers.arguments(live_dir))
     dataset = Dataset.from_dict({"prompt": [chat.prompt(p["prompt"]) for p in pairs],
                                  **{k: [chat.completion(p[k]) for p in pairs] for k in ("chosen", "rejected")}})
     before = snapshot(model)
@@ -420,13 +399,27 @@ class PRMTrainer(Trainer):
 
 
 @phase("train")
+def prm_args(cfg, work_dir: Path, **overrides):
+    """transformers' TrainingArguments from the `prm` section (the PRM's loss is the pipeline's own)."""
+    from transformers import TrainingArguments
+
+    stage_args = dict(
+        output_dir=str(work_dir),
+        # The lengths come from the features' `length` (the sampler would otherwise read every row's input_ids).
+        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        remove_unused_columns=False,  # the collator needs spans, labels and kinds
+        **device_kwargs(),
+    )
+    return trl_config.build(TrainingArguments, cfg, stage_args, overrides)
+
+
 def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_dir: Path) -> dict:
     """Train a PRM (`pipeline.prm.model.prm_from_policy`) in place on step-label rows; `cfg` is the `prm` section.
 
     Rows of source `chain` (gold chains) are trained by next-token cross-entropy, weighted `cfg.chain_weight`.
     """
-    from transformers import TrainingArguments
-
     from pipeline.inference.generation import pad_id
     from pipeline.prm.model import LABEL_KINDS, collate, encode_many, path_outcome
 
@@ -443,24 +436,7 @@ def prm_train(cfg, model, tokenizer, rows: Sequence[dict], work_dir: Path, live_
         if cfg.pair_weight:  # a question's sampled paths and its gold chain share its id
             features[-1]["question"] = question_index.setdefault(r["id"], len(question_index))
             features[-1]["outcome"] = path_outcome(r["steps"], r["labels"], r["source"])
-    args = TrainingArguments(
-        output_dir=str(work_dir),
-        seed=cfg.seed,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_steps,
-        num_train_epochs=cfg.num_train_epochs,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        # The lengths come from the features' `length` (the sampler would otherwise read every row's input_ids).
-        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
-        weight_decay=cfg.weight_decay,
-        logging_steps=cfg.logging_steps,
-        save_strategy="no",
-        **trackers.arguments(live_dir),
-        dataloader_num_workers=0,
-        remove_unused_columns=False,  # the collator needs spans, labels and kinds
-        **device_kwargs(),
-    )
+    args = prm_args(cfg, work_dir, **trackers.arguments(live_dir))
     before = snapshot(model)
     trainer = PRMTrainer(model=model, args=args, train_dataset=Dataset.from_list(features),
                          data_collator=lambda batch: collate(batch, pad_id(tokenizer)),
