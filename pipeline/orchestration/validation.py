@@ -15,8 +15,6 @@ from pipeline.config import (SECTIONS, ConfigError, Section, check_attention, ch
 from pipeline.core.registry import TRAINING_STAGES
 from pipeline.data.cof.core import parse_held_out
 from pipeline.inference import vllm_server  # a server the grpo stage starts: GPUs for it beside the training
-from pipeline.inference.engines import require_vllm
-from pipeline.modeling.models import check_models  # loads tokenizers: transformers only when validating
 from pipeline.orchestration import launch
 
 
@@ -30,6 +28,10 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     sections = {name: parse_section(name, model, data.get(name), path, complete=True)
                 for name, model in SECTIONS.items()}
     parse_held_out(sections["synthesize"].ood_held_out_pairs, path)  # the generator's names, before DVC deletes
+    # torch and transformers load here, when validating, not when the CLI imports this module (`pipeline report`)
+    from pipeline.inference.engines import require_vllm
+    from pipeline.modeling.models import check_models
+
     check_task_fit(sections["task"], sections["prm"], path, sections["rewards"])
     check_models(sections["prompt"], sections["base"], sections["teacher"], path)
     check_vllm_loads_whole_models(sections["generation"], sections["grpo"], sections["lora"], path)
