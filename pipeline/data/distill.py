@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -27,8 +27,13 @@ from pipeline.data import task as tasks
 from pipeline.data.grading import extract_steps, step_accuracy
 from pipeline.core.io import EXAMPLE_SCHEMA
 
-if TYPE_CHECKING:  # a type only: sampling is the caller's (data sits below inference)
-    from pipeline.inference.generation import Generation
+
+class Sample(Protocol):
+    """What selection reads of a teacher's sample (`pipeline.inference.generation.Generation`): its text. Sampling
+    is the caller's: data sits below inference."""
+
+    text: str
+
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 
@@ -96,7 +101,7 @@ class QuestionResult:
 
 def select(
     row: dict,
-    samples: Sequence[Generation],
+    samples: Sequence[Sample],
     *,
     max_traces: int,
     min_step_accuracy: float,
