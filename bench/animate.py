@@ -22,11 +22,11 @@ import numpy as np
 from PIL import Image
 
 from pipeline.core import paths
-from pipeline.data.cof.render import chart_figure
-from pipeline.config import load_section
 from pipeline.core.io import read_rows
+from pipeline.data.cof.render import chart_figure
 from pipeline.data.video.render import Scene, draw, warp
 from pipeline.data.video.sample import make_plan, sample_seed
+from pipeline.orchestration.sections import load_named
 
 
 def matplotlib_frame(table: dict, values: np.ndarray) -> np.ndarray:
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=20, help="training tables, each drawn for every frame")
     parser.add_argument("--frames", type=int, default=None, help="frames per table (default: animate.frames)")
     args = parser.parse_args()
-    cfg = load_section("animate")
+    cfg = load_named("animate")
     if args.frames:
         cfg = cfg.model_copy(update={"frames": args.frames})
     rows = read_rows(paths.split_file("train"))[: args.tables]

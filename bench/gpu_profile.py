@@ -60,7 +60,7 @@ def matmul_rate(n: int, repeats: int) -> float:
 def corpus(n: int) -> list[dict]:
     """Chart questions with their gold rationales (the default generator), the rows every part reads."""
     from pipeline.data.cof.generate import generate_dataset
-    from pipeline.config import SynthesizeConfig
+    from pipeline.data.params import SynthesizeConfig
 
     rows, _ = generate_dataset(SynthesizeConfig(n_train=n, n_val=1, n_test=1, n_ood=0, render_charts=0))
     return rows["train"]
@@ -69,8 +69,8 @@ def corpus(n: int) -> list[dict]:
 def build(profile: dict, rows: list[dict], folder: Path):
     """The profile's student at random init, in the `model` section's dtype, on the device; its tokenizer. Saved
     in `folder` too, as a stage saves a model: GRPO's frozen reference and vLLM load it from there."""
-    from pipeline.config import BaseModelConfig
     from pipeline.modeling.models import build_student, count_parameters, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     cfg = BaseModelConfig(**profile["base"])
     tokenizer = train_tokenizer([r["prompt"] + r["rationale"] for r in rows], cfg.vocab_size, cfg.digits)
@@ -128,7 +128,7 @@ def trainable(model):
 def sft(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: int, warmup: int) -> dict:
     from trl import SFTTrainer
 
-    from pipeline.config import SFTConfig
+    from pipeline.training.params import SFTConfig
     from pipeline.training.trainer import prompt_completion_dataset, trainer_args
 
     cfg = SFTConfig(**profile["sft"])
@@ -227,7 +227,7 @@ def prm_scoring(model, tokenizer, rows, batch: int) -> dict:
 
 def grpo(profile: dict, model, tokenizer, rows, info: dict, rates: dict, steps: int) -> dict:
     from pipeline.rl import grpo as rl
-    from pipeline.config import GRPOStageConfig, RewardsConfig
+    from pipeline.rl.params import GRPOStageConfig, RewardsConfig
 
     cfg = GRPOStageConfig(**{**profile["grpo"], "max_steps": steps, "logging_steps": 1, "guided_replay": False})
     clock = step_clock()

@@ -24,11 +24,12 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl import GRPOTrainer  # noqa: E402
 
 from pipeline.core import paths  # noqa: E402
-from pipeline.config import GRPOStageConfig, RewardsConfig, load_section  # noqa: E402
 from pipeline.core.io import read_rows  # noqa: E402
+from pipeline.core.params import load_section  # noqa: E402
 from pipeline.modeling.models import load_model  # noqa: E402
-from pipeline.rl.rewards import build_rewards  # noqa: E402
 from pipeline.rl.grpo import GuidedRollout, grpo_args, rl_dataset  # noqa: E402
+from pipeline.rl.params import GRPOStageConfig, RewardsConfig
+from pipeline.rl.rewards import build_rewards  # noqa: E402
 from pipeline.training.trainer import StepTimer  # noqa: E402
 
 

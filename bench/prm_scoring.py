@@ -39,12 +39,13 @@ import time
 import torch
 
 from pipeline.core import paths
-from pipeline.config import EvaluateConfig, load_section
-from pipeline.inference.generation import LocalSampler
 from pipeline.core.io import read_rows
+from pipeline.core.params import load_section
+from pipeline.evaluation.params import EvaluateConfig
+from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
+from pipeline.inference.generation import LocalSampler
 from pipeline.modeling.models import load_model
 from pipeline.prm.model import PRMScorer, encode_many, scored_lines, shared_prefix
-from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 
 WORKLOADS = ("heldout", "best_of_n", "beam", "mcts")
 Call = tuple[list[str], list[tuple[str, ...]]]

@@ -22,9 +22,10 @@ from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
 from pipeline.core import paths
-from pipeline.config import load_section
 from pipeline.core.io import read_rows
+from pipeline.core.params import give
 from pipeline.modeling.models import load_model
+from pipeline.orchestration.sections import load_named, run_settings
 from pipeline.training.trainer import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
 
 
@@ -44,7 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     cli = parser.parse_args()
-    cfg = load_section("sft").model_copy(update={"max_steps": cli.steps, "eval_steps": 10**6, "logging_steps": 10**6})
+    give(*run_settings())  # how models load, checkpoints and trackers, as a stage run here has them
+    cfg = load_named("sft").model_copy(update={"max_steps": cli.steps, "eval_steps": 10**6, "logging_steps": 10**6})
     rows = read_rows(paths.split_file("train"))
     with tempfile.TemporaryDirectory() as tmp:
         ours = trainer_args(cfg, Path(tmp) / "ours")

@@ -38,7 +38,7 @@ SYSTEM = "Answer the question about the chart's table. Reason in short steps, on
 def questions(n: int) -> list[dict]:
     """Chart test questions of the default generator, with their gold rationales."""
     from pipeline.data.cof.generate import generate_dataset
-    from pipeline.config import SynthesizeConfig
+    from pipeline.data.params import SynthesizeConfig
 
     rows, _ = generate_dataset(SynthesizeConfig(n_train=max(n, 8), n_val=1, n_test=n, n_ood=0, render_charts=0))
     return rows
@@ -46,7 +46,7 @@ def questions(n: int) -> list[dict]:
 
 def rendered(tokenizer, rows: list[dict]) -> list[str]:
     from pipeline.modeling import chat
-    from pipeline.config import PromptConfig
+    from pipeline.modeling.params import PromptConfig
 
     chat.use(PromptConfig(format="chat", system=SYSTEM))
     return [chat.render(tokenizer, r["prompt"]) for r in rows]
@@ -154,8 +154,8 @@ def roofline_part(model, texts: list[str], tokenizer, decode: dict, args) -> dic
 def sft_part(folder: Path, rows: list[dict], args) -> dict:
     from trl import SFTTrainer
 
-    from pipeline.config import TrainConfig
     from pipeline.modeling.models import MASTER_DTYPE, load_model
+    from pipeline.training.params import TrainConfig
     from pipeline.training.trainer import StepTimer, prompt_completion_dataset, sft_trainer_class, trainer_args
 
     out = {}
@@ -179,10 +179,10 @@ def grpo_part(folder: Path, rows: list[dict], args) -> dict:
     from accelerate.state import AcceleratorState
     from trl import GRPOTrainer
 
-    from pipeline.config import GRPOStageConfig, RewardsConfig
     from pipeline.modeling.models import MASTER_DTYPE, load_model
-    from pipeline.rl.rewards import build_rewards
     from pipeline.rl.grpo import GuidedRollout, grpo_args, rl_dataset
+    from pipeline.rl.params import GRPOStageConfig, RewardsConfig
+    from pipeline.rl.rewards import build_rewards
     from pipeline.training.trainer import StepTimer
 
     cfg = GRPOStageConfig(max_steps=args.steps + 1, prompts_per_step=2, num_generations=4, max_completion_length=96,
@@ -222,8 +222,8 @@ def main() -> None:
 
     from pipeline.modeling import pretrained
     from pipeline.modeling.chat import use
-    from pipeline.config import PromptConfig
     from pipeline.modeling.models import load_model
+    from pipeline.modeling.params import PromptConfig
 
     folder = pretrained.fetch("smollm2")
     rows = questions(args.prompts)

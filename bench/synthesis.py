@@ -21,7 +21,8 @@ import time
 
 from pipeline.data.cof.generate import SPLITS, block_count, generate_dataset
 from pipeline.data.cof.tables import random_table
-from pipeline.config import SynthesizeConfig, load_section
+from pipeline.data.params import SynthesizeConfig
+from pipeline.orchestration.sections import load_named
 
 
 def scaled(cfg: SynthesizeConfig, n: int) -> SynthesizeConfig:
@@ -43,7 +44,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=5000, help="questions to generate")
     parser.add_argument("--workers", type=int, default=2, help="processes, compared with one")
     args = parser.parse_args()
-    cfg = scaled(load_section("synthesize"), args.n)
+    cfg = scaled(load_named("synthesize"), args.n)
     (rows, stats), seconds = timed(cfg, 1)
     total = sum(len(r) for r in rows.values())
     rng = random.Random(0)

@@ -20,10 +20,12 @@ import time
 import torch
 
 from pipeline.core import paths
-from pipeline.config import DistillConfig, TeacherConfig, load_section
-from pipeline.inference.generation import Generation, LocalSampler
 from pipeline.core.io import read_rows
+from pipeline.core.params import load_section
+from pipeline.data.params import DistillConfig
+from pipeline.inference.generation import Generation, LocalSampler
 from pipeline.modeling.models import build_teacher, load_tokenizer
+from pipeline.training.params import TeacherConfig
 
 
 def teacher():

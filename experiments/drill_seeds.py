@@ -20,10 +20,12 @@ import time
 import torch
 
 from pipeline.core import paths
-from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
-from pipeline.training.drills import train_drills
 from pipeline.core.io import read_rows
+from pipeline.core.params import load_section
+from pipeline.data.params import SynthesizeConfig
 from pipeline.modeling.models import base_model, build_student
+from pipeline.modeling.params import BaseModelConfig
+from pipeline.training.drills import train_drills
 
 
 def main() -> None:

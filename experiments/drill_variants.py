@@ -31,12 +31,14 @@ import time
 import torch
 
 from pipeline.core import paths
-from pipeline.config import BaseModelConfig, SynthesizeConfig, load_section
-from pipeline.data.cof.tables import random_table
-from pipeline.training.drills import drill, encode, exact, fit, table_row, train_drills
-from pipeline.inference.generation import pad_id
 from pipeline.core.io import read_rows
+from pipeline.core.params import load_section
+from pipeline.data.cof.tables import random_table
+from pipeline.data.params import SynthesizeConfig
+from pipeline.inference.generation import pad_id
 from pipeline.modeling.models import base_model, build_student
+from pipeline.modeling.params import BaseModelConfig
+from pipeline.training.drills import drill, encode, exact, fit, table_row, train_drills
 
 KEYS = {"name", "lr", "steps", "task", "mix", "batch"}
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.evaluation.compare import paired_bootstrap
 from pipeline.core.io import read_rows
+from pipeline.evaluation.compare import paired_bootstrap
 
 
 def predictions(name: str, folder: Path, split: str, reading: str) -> list[dict]:

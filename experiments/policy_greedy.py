@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.core.params import load_section
 from pipeline.data.cof.generate import more_questions
-from pipeline.config import SynthesizeConfig, load_section
+from pipeline.data.params import SynthesizeConfig
 from pipeline.evaluation.metrics import score
 from pipeline.inference.generation import LocalSampler
 from pipeline.modeling.models import load_model

@@ -18,14 +18,16 @@ import json
 import time
 
 from pipeline.core import paths
+from pipeline.core.params import load_section
 from pipeline.data.cof.generate import more_questions
-from pipeline.config import EvaluateConfig, SynthesizeConfig, load_section
+from pipeline.data.params import SynthesizeConfig
 from pipeline.evaluation.decoding import paired_difference
 from pipeline.evaluation.metrics import score
+from pipeline.evaluation.params import EvaluateConfig
+from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 from pipeline.inference.generation import LocalSampler
 from pipeline.modeling.models import load_model
 from pipeline.prm.model import PRMScorer
-from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 
 
 def main() -> None:

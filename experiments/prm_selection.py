@@ -47,13 +47,14 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core import paths
+from pipeline.core.io import read_rows
+from pipeline.core.params import load_section
 from pipeline.data.cof.generate import more_questions
-from pipeline.config import SynthesizeConfig, load_section
+from pipeline.data.grading import extract_answer
+from pipeline.data.params import SynthesizeConfig
 from pipeline.evaluation.decoding import paired_difference
 from pipeline.evaluation.metrics import majority_vote, weighted_majority
 from pipeline.inference.generation import LocalSampler, pad
-from pipeline.data.grading import extract_answer
-from pipeline.core.io import read_rows
 from pipeline.modeling.models import load_model
 from pipeline.prm.model import EMPTY_SCORE, PRMScorer, aggregate, encode_many, is_terminal, scored_lines
 from pipeline.rl.rewards import is_correct

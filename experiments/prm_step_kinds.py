@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.prm.contrast import step_kind
 from pipeline.core.io import read_rows
+from pipeline.prm.contrast import step_kind
 from pipeline.prm.model import PRMScorer, auroc
 
 

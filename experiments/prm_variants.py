@@ -37,17 +37,29 @@ import torch
 from transformers import TrainerCallback
 
 from pipeline.core import paths
-from pipeline.training import trainer as training
-from pipeline.config import (BaseModelConfig, DecodingConfig, EvaluateConfig, PRMConfig, PRMDataConfig,
-                             SynthesizeConfig, load_section)
+from pipeline.core.io import read_rows, sample_rows
+from pipeline.core.params import load_section
+from pipeline.data.grading import step_value
+from pipeline.data.params import SynthesizeConfig
 from pipeline.evaluation.decoding import Decoder
 from pipeline.evaluation.metrics import score
+from pipeline.evaluation.params import DecodingConfig, EvaluateConfig
 from pipeline.inference.generation import LocalSampler
-from pipeline.data.grading import step_value
-from pipeline.core.io import read_rows, sample_rows
 from pipeline.modeling.models import build_student, default_device, load_model, load_tokenizer, save_model
-from pipeline.prm.model import (AGGREGATIONS, PRMScorer, chain_rows, held_out, line_labels, new_questions,
-                                prm_from_policy, training_rows)
+from pipeline.modeling.params import BaseModelConfig
+from pipeline.orchestration.sections import load_named
+from pipeline.prm.model import (
+    AGGREGATIONS,
+    PRMScorer,
+    chain_rows,
+    held_out,
+    line_labels,
+    new_questions,
+    prm_from_policy,
+    training_rows,
+)
+from pipeline.prm.params import PRMConfig, PRMDataConfig
+from pipeline.training import trainer as training
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")
@@ -128,9 +140,9 @@ def init_model(spec: dict, work: Path, cache: dict) -> Path:
     if key in cache:
         return cache[key]
     spec = dict(spec)
-    sft = load_section("sft")
+    sft = load_named("sft")
     epochs, sft_overrides = spec.pop("epochs", sft.num_train_epochs), spec.pop("sft", {})
-    base = load_section("base").model_copy(update=spec)
+    base = load_named("base").model_copy(update=spec)
     BaseModelConfig.model_validate(base.model_dump())
     tokenizer = load_tokenizer(paths.model_dir("base"))
     model = build_student(base, tokenizer)

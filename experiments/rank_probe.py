@@ -25,10 +25,12 @@ from pathlib import Path
 import torch
 
 from pipeline.core import paths
-from pipeline.config import RankDrillConfig, SynthesizeConfig, load_section
-from pipeline.training.drills import train_rank_drill
 from pipeline.core.io import read_rows
+from pipeline.core.params import load_section
+from pipeline.data.params import SynthesizeConfig
 from pipeline.modeling.models import load_model, save_model
+from pipeline.training.drills import train_rank_drill
+from pipeline.training.params import RankDrillConfig
 
 
 def main() -> None:

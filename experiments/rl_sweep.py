@@ -19,11 +19,12 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from pipeline.core import paths  # noqa: E402
-from pipeline.config import DPOStageConfig, GRPOStageConfig, RewardsConfig, load_section  # noqa: E402
+from pipeline.core.io import read_rows  # noqa: E402
+from pipeline.core.params import load_section  # noqa: E402
 from pipeline.evaluation.metrics import score, summarize  # noqa: E402
 from pipeline.inference.generation import LocalSampler  # noqa: E402
-from pipeline.core.io import read_rows  # noqa: E402
 from pipeline.modeling.models import load_model  # noqa: E402
+from pipeline.rl.params import DPOStageConfig, GRPOStageConfig, RewardsConfig
 
 
 def greedy_accuracy(model, tokenizer, splits: list[str]) -> dict[str, float]:

@@ -24,8 +24,8 @@ import sys
 
 def _resolution(args: argparse.Namespace) -> tuple[str, list[str]]:
     """(profile, overrides) asked for: -S and --seed alone compose on the profile params.yaml records."""
+    from pipeline.core.params import params_path
     from pipeline.orchestration import profiles
-    from pipeline.config import params_path
 
     sets = [*(profiles.seed_sets(args.seed) if args.seed is not None else []), *args.set]
     if args.profile is not None:
@@ -55,9 +55,9 @@ def _repro(args: argparse.Namespace) -> int:
     from pipeline.orchestration.flows import expected_errors
 
     with expected_errors():
-        from pipeline.evaluation.compare import parse_gate
-        from pipeline.config import ConfigError
+        from pipeline.core.io import ConfigError
         from pipeline.core.versions import missing_remote, uncommitted_files
+        from pipeline.evaluation.compare import parse_gate
 
         for spec in args.gate:
             try:
@@ -82,10 +82,10 @@ def _lock_timeout(args: argparse.Namespace) -> float:
     """`repro.lock_timeout` as this run will have it: -S and --profile count (they are written only once the
     lock is held)."""
     from pipeline.orchestration import profiles
-    from pipeline.config import active_section
+    from pipeline.orchestration.sections import read_section
 
     if args.profile is None and not args.set and args.seed is None:
-        return active_section("repro").lock_timeout
+        return read_section("repro").lock_timeout
     profile, sets = _resolution(args)
     if profile not in profiles.names():
         raise profiles.unknown_profile(profile)
@@ -101,9 +101,9 @@ def _repro_locked(args: argparse.Namespace) -> int:
         print(f"removed {path}, left by a killed stage", file=sys.stderr)
     _pass_sigterm_on()
     with expected_errors():
-        from pipeline.config import params_path
-        from pipeline.orchestration.validation import validate_all
         from pipeline.core.io import atomic_write_text
+        from pipeline.core.params import params_path
+        from pipeline.orchestration.validation import validate_all
 
         path = params_path()
         before = path.read_text() if path.exists() else None
@@ -140,8 +140,8 @@ def _fetch_named_models() -> None:
     clone)."""
     import yaml
 
+    from pipeline.core.params import params_path
     from pipeline.modeling import pretrained
-    from pipeline.config import params_path
 
     params = yaml.safe_load(params_path().read_text()) or {}
     named = [(params.get(section) or {}).get("model") for section in ("base", "teacher")]
@@ -190,7 +190,7 @@ def _warn_if_refused() -> None:
     """The checks across sections and against this machine that `repro` runs first (a dataset task's labels, the
     models to load, vLLM, the cores or GPUs for `launch`): params written for another machine may fail them
     here, so `params --write` only warns, and `repro` refuses."""
-    from pipeline.config import ConfigError
+    from pipeline.core.io import ConfigError
     from pipeline.orchestration.validation import validate_all
 
     try:
@@ -258,16 +258,17 @@ def _stops(status: dict) -> str:
 def _result_columns() -> tuple[tuple[str, str], ...]:
     """The results table's columns: this run, titled by the profile params.yaml records, then the README's chart
     snapshots (docs/results/), which only a run of the chart task sits beside."""
-    from pipeline.orchestration import profiles
-    from pipeline.config import active_section, params_path
+    from pipeline.core.params import params_path
     from pipeline.evaluation.report import RESULT_COLUMNS
+    from pipeline.orchestration import profiles
+    from pipeline.orchestration.sections import read_section
 
     path = params_path()
     profile, sets = profiles.header_of(path.read_text()) if path.exists() else (profiles.DEFAULT, [])
     if profile in (None, profiles.DEFAULT) and not sets:
         return RESULT_COLUMNS
     title = f"this run (`{profile or 'params.yaml'}`" + (f", {' '.join(sets)}" if sets else "") + ")"
-    snapshots = RESULT_COLUMNS[1:] if active_section("task").kind == "cof" else ()
+    snapshots = RESULT_COLUMNS[1:] if read_section("task").kind == "cof" else ()
     return ((title, RESULT_COLUMNS[0][1]), *snapshots)
 
 
@@ -277,12 +278,23 @@ REGRESSED, CANNOT_JUDGE = 1, 3
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pipeline.orchestration.orchestrate import diff_markdown, metrics_rows, models_markdown
-    from pipeline.evaluation.compare import (bootstrap_markdown, compare_models, is_commit, judge, parse_gate,
-                                             resolve_rev, shown)
     from pipeline.core.registry import STUDENTS
-    from pipeline.evaluation.report import (decoding_markdown, generalisation_markdown, load_evaluations,
-                                            results_markdown)
+    from pipeline.evaluation.compare import (
+        bootstrap_markdown,
+        compare_models,
+        is_commit,
+        judge,
+        parse_gate,
+        resolve_rev,
+        shown,
+    )
+    from pipeline.evaluation.report import (
+        decoding_markdown,
+        generalisation_markdown,
+        load_evaluations,
+        results_markdown,
+    )
+    from pipeline.orchestration.orchestrate import diff_markdown, metrics_rows, models_markdown
 
     if args.results:  # the README's results table: this run beside the snapshots in docs/results/
         if args.rev or args.fail_on_regression or args.metrics:

@@ -32,16 +32,23 @@ import pyarrow as pa
 from PIL import Image
 
 from pipeline.core import paths
-from pipeline.config import AnimateConfig, TaskConfig, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import phase, stage_logger
 from pipeline.core.io import (
-    EXAMPLE_COLUMNS, EXAMPLE_SCHEMA, atomic_dir, read_rows, write_manifest, write_rows, write_metrics,
+    EXAMPLE_COLUMNS,
+    EXAMPLE_SCHEMA,
+    atomic_dir,
+    read_rows,
+    write_manifest,
+    write_metrics,
+    write_rows,
 )
+from pipeline.core.params import load_section
+from pipeline.core.phases import phase, stage_logger
 from pipeline.core.plots import bar_chart, fill_skipped
+from pipeline.data.params import AnimateConfig, TaskConfig
 from pipeline.data.video.backends import check_backend, make_backend
 from pipeline.data.video.clips import contact_sheet, write_gif, write_mp4
 from pipeline.data.video.sample import Sample, make_sample, parse_table
+from pipeline.orchestration.flows import expected_errors, run_stage
 
 SCORES = ("temporal_ssim", "motion", "preserved_psnr", "preserved_ssim", "edited_area")
 FILTERS = ("temporal", "motion", "preservation", "edited_area")

@@ -16,16 +16,24 @@ Writes models/base/, metrics/base.json and the drills' curves in plots/base/.
 
 from __future__ import annotations
 
-from pipeline.modeling import cards
 from pipeline.core import paths
-from pipeline.modeling.models import check_models
-from pipeline.config import BaseModelConfig, PromptConfig, SynthesizeConfig, TaskConfig, load_section
-from pipeline.training.drills import curve_log, drill_until_read
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import stage_logger
 from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
-from pipeline.modeling.models import base_model, build_student, count_parameters, default_device, save_model
+from pipeline.core.params import giving, load_section
+from pipeline.core.phases import stage_logger
 from pipeline.core.plots import fill_skipped
+from pipeline.data.params import SynthesizeConfig, TaskConfig
+from pipeline.modeling import cards
+from pipeline.modeling.models import (
+    base_model,
+    build_student,
+    check_models,
+    count_parameters,
+    default_device,
+    save_model,
+)
+from pipeline.modeling.params import BaseModelConfig, ModelLoadConfig, PromptConfig
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.training.drills import curve_log, drill_until_read
 from pipeline.training.trainer import snapshot, weights_changed
 
 
@@ -87,7 +95,8 @@ def main() -> None:
         cfg = load_section("base", BaseModelConfig)
         synth = load_section("synthesize", SynthesizeConfig)
         task_cfg = load_section("task", TaskConfig)
-        check_models(load_section("prompt", PromptConfig), base=cfg)  # a loaded model needs a template for chat
+        with giving(load_section("model", ModelLoadConfig)):  # its tokenizer loads as the stage will load it
+            check_models(load_section("prompt", PromptConfig), base=cfg)  # a loaded model needs a template for chat
     run_stage("base", _flow, cfg, synth, task_cfg)
 
 

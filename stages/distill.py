@@ -18,19 +18,34 @@ from collections import Counter
 
 from tqdm.auto import tqdm
 
-from pipeline.modeling import chat
 from pipeline.core import paths
-from pipeline.config import DistillConfig, load_section
+from pipeline.core.io import (
+    EXAMPLE_COLUMNS,
+    atomic_dir,
+    read_rows,
+    write_json,
+    write_manifest,
+    write_metrics,
+    write_rows,
+)
+from pipeline.core.params import load_section
+from pipeline.core.phases import phase, stage_logger
+from pipeline.core.plots import bar_chart
 from pipeline.data.distill import (
-    DISTILLED_SCHEMA, PAIR_SCHEMA, PASS_RATE_SCHEMA, contaminated, eval_ngrams, histogram, in_window, outputs,
+    DISTILLED_SCHEMA,
+    PAIR_SCHEMA,
+    PASS_RATE_SCHEMA,
+    contaminated,
+    eval_ngrams,
+    histogram,
+    in_window,
+    outputs,
     select,
 )
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import phase, stage_logger
-from pipeline.core.io import (EXAMPLE_COLUMNS, atomic_dir, read_rows, write_json, write_manifest, write_rows,
-                              write_metrics)
-from pipeline.core.plots import bar_chart
+from pipeline.data.params import DistillConfig
 from pipeline.inference.teacher import load_sampler
+from pipeline.modeling import chat
+from pipeline.orchestration.flows import expected_errors, run_stage
 
 EVAL_SPLITS = ("val", "test", "ood")
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 import os
 import shutil
 
-from pipeline.modeling import cards, lora
-from pipeline.orchestration import launch
 from pipeline.core import paths
-from pipeline.config import DPOStageConfig, LoraConfig, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import stage_logger
 from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_metrics
-from pipeline.modeling.models import MASTER_DTYPE, load_model
+from pipeline.core.params import load_section
+from pipeline.core.phases import stage_logger
 from pipeline.core.plots import fill_skipped
+from pipeline.modeling import cards, lora
+from pipeline.modeling.models import MASTER_DTYPE, load_model
+from pipeline.modeling.params import LoraConfig
+from pipeline.orchestration import launch
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.rl.params import DPOStageConfig
 from pipeline.training.trainer import dpo_train, require_update, unmoved
 
 PAIR_FILES = {"mine": [paths.split_file("pairs", stage="mine")],

@@ -23,16 +23,25 @@ import time
 from pathlib import Path
 
 from pipeline.core import paths
-from pipeline.config import EvaluateConfig, load_section
+from pipeline.core.io import (
+    EXAMPLE_COLUMNS,
+    atomic_dir,
+    read_json,
+    read_rows,
+    write_json,
+    write_manifest,
+    write_metrics,
+    write_rows,
+)
+from pipeline.core.params import load_section
+from pipeline.core.phases import phase, stage_logger
+from pipeline.core.plots import bar_chart, fill_skipped
+from pipeline.data import task as tasks
 from pipeline.evaluation.decoding import PROBE_KINDS, Decoder, faithfulness_probes, inconsistency
 from pipeline.evaluation.metrics import majority_baseline, sampled_metrics, score, summarize
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import phase, stage_logger
+from pipeline.evaluation.params import EvaluateConfig
 from pipeline.inference.generation import Sampler
-from pipeline.core.io import (EXAMPLE_COLUMNS, atomic_dir, read_json, read_rows, write_json, write_manifest,
-                              write_metrics, write_rows)
-from pipeline.data import task as tasks
-from pipeline.core.plots import bar_chart, fill_skipped
+from pipeline.orchestration.flows import expected_errors, run_stage
 
 
 @phase("evaluate")
@@ -142,8 +151,8 @@ def headline(by_split: dict[str, dict], baseline: float) -> dict:
 
 def build_decoder(cfg: EvaluateConfig, sampler: Sampler, model_dir) -> Decoder:
     """The strategies' runner: with the PRM (tokenizer checked against the policy's) and a step policy when local."""
-    from pipeline.prm.model import PRMScorer, check_tokenizer
     from pipeline.evaluation.search import StepPolicy
+    from pipeline.prm.model import PRMScorer, check_tokenizer
 
     dcfg, scorer, policy = cfg.decoding, None, None
     local = sampler.local

@@ -20,20 +20,23 @@ import contextlib
 import os
 import shutil
 
-from pipeline.modeling import cards, lora
-from pipeline.orchestration import launch
 from pipeline.core import paths
-from pipeline.inference import vllm_server
-from pipeline.config import (GRPOStageConfig, LoraConfig, ModelLoadConfig, RewardsConfig, TaskConfig, check_task_fit,
-                             load_section)
-from pipeline.inference.engines import require_vllm
-from pipeline.evaluation.metrics import sampled_metrics
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import stage_logger
-from pipeline.inference.generation import LocalSampler
 from pipeline.core.io import InputError, atomic_dir, live_atomic_dir, read_rows, write_metrics
+from pipeline.core.params import load_section
+from pipeline.core.phases import stage_logger
+from pipeline.data.params import TaskConfig
+from pipeline.evaluation.metrics import sampled_metrics
+from pipeline.inference.engines import require_vllm
+from pipeline.inference.generation import LocalSampler
+from pipeline.modeling import cards, lora
 from pipeline.modeling.models import MASTER_DTYPE, load_model
+from pipeline.modeling.params import LoraConfig, ModelLoadConfig
+from pipeline.orchestration import launch
+from pipeline.orchestration.checks import check_task_fit
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.rl import vllm_server
 from pipeline.rl.grpo import RL_COLUMNS, no_update_reason, rl_train, success_amplification
+from pipeline.rl.params import GRPOStageConfig, RewardsConfig
 from pipeline.training.trainer import require_update
 
 RL_SET = paths.split_file("rl", stage="mine")

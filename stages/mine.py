@@ -24,16 +24,24 @@ import time
 from tqdm.auto import tqdm
 
 from pipeline.core import paths
-from pipeline.config import MineConfig, load_section
-from pipeline.data.distill import PAIR_SCHEMA, histogram, select
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import phase, stage_logger
-from pipeline.inference.engines import local_sampler
 from pipeline.core.io import (
-    EXAMPLE_COLUMNS, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows, write_metrics,
+    EXAMPLE_COLUMNS,
+    atomic_dir,
+    read_rows,
+    sample_rows,
+    write_json,
+    write_manifest,
+    write_metrics,
+    write_rows,
 )
-from pipeline.data.mining import RL_SCHEMA, policy_pairs, rl_set
+from pipeline.core.params import load_section
+from pipeline.core.phases import phase, stage_logger
 from pipeline.core.plots import bar_chart
+from pipeline.data.distill import PAIR_SCHEMA, histogram, select
+from pipeline.data.mining import RL_SCHEMA, policy_pairs, rl_set
+from pipeline.data.params import MineConfig
+from pipeline.inference.engines import local_sampler
+from pipeline.orchestration.flows import expected_errors, run_stage
 
 
 def pool(rows: list[dict], cfg: MineConfig) -> list[dict]:

@@ -23,16 +23,20 @@ import shutil
 
 import torch
 
-from pipeline.modeling import cards
 from pipeline.core import paths
-from pipeline.config import PRMConfig, PRMDataConfig, TaskConfig, check_task_fit, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import stage_logger
 from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_json, write_metrics
-from pipeline.modeling.models import load_tokenizer, save_model
+from pipeline.core.params import load_section
+from pipeline.core.phases import stage_logger
 from pipeline.core.plots import reliability_chart
+from pipeline.data.params import TaskConfig
+from pipeline.modeling import cards
+from pipeline.modeling.models import load_tokenizer, save_model
+from pipeline.orchestration.checks import check_task_fit
+from pipeline.orchestration.flows import expected_errors, run_stage
 from pipeline.prm.model import STEP_LABEL_COLUMNS, PRMScorer, held_out, prm_from_policy, training_rows
+from pipeline.prm.params import PRMConfig, PRMDataConfig
 from pipeline.training.trainer import prm_train
+
 
 def _flow(cfg: PRMConfig, policy: str, kind: str = "cof") -> None:
     if cfg.contrast and kind != "cof":

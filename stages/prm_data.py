@@ -42,21 +42,30 @@ import time
 import pyarrow as pa
 
 from pipeline.core import paths
-from pipeline.data import task as tasks
-from pipeline.config import PRMDataConfig, SynthesizeConfig, TaskConfig, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import phase, stage_logger
-from pipeline.inference.engines import local_sampler
 from pipeline.core.io import (
-    EXAMPLE_COLUMNS, InputError, atomic_dir, read_rows, sample_rows, write_json, write_manifest, write_rows,
+    EXAMPLE_COLUMNS,
+    InputError,
+    atomic_dir,
+    read_rows,
+    sample_rows,
+    write_json,
+    write_manifest,
     write_metrics,
+    write_rows,
 )
-from pipeline.modeling.models import load_model
+from pipeline.core.params import load_section
+from pipeline.core.phases import phase, stage_logger
 from pipeline.core.plots import bar_chart
-from pipeline.prm.model import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
-from pipeline.rl.rewards import is_correct
+from pipeline.data import task as tasks
+from pipeline.data.params import SynthesizeConfig, TaskConfig
 from pipeline.evaluation.search import StepPolicy, mcts, rollout_evaluator, tree_paths
+from pipeline.inference.engines import local_sampler
+from pipeline.modeling.models import load_model
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.prm.model import auroc, chain_rows, line_labels, log_boost, new_questions, scored_lines
+from pipeline.prm.params import PRMDataConfig
 from pipeline.prm.step_labels import monte_carlo_labels
+from pipeline.rl.rewards import is_correct
 
 STEP_LABEL_SCHEMA = pa.schema(
     [("id", pa.string()), ("prompt", pa.string()), ("steps", pa.list_(pa.string())),

@@ -10,10 +10,10 @@ same tables `python -m pipeline report` prints).
 from __future__ import annotations
 
 from pipeline.core import paths
-from pipeline.orchestration.flows import run_stage
-from pipeline.core.phases import stage_logger
 from pipeline.core.io import atomic_dir, atomic_write_text
+from pipeline.core.phases import stage_logger
 from pipeline.evaluation.report import decoding_markdown, generalisation_markdown, generalisation_plot, load_evaluations
+from pipeline.orchestration.flows import run_stage
 
 
 def _flow() -> None:

@@ -29,16 +29,19 @@ import random
 import shutil
 from pathlib import Path
 
-from pipeline.modeling import cards, lora
 from pipeline.core import paths
-from pipeline.config import (DistillConfig, LoraConfig, ModelLoadConfig, RankDrillConfig, SFTConfig, SynthesizeConfig,
-                             TaskConfig, check_packing, load_section)
-from pipeline.training.drills import curve_log, train_rank_drill
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import phase, stage_logger
 from pipeline.core.io import InputError, atomic_dir, live_atomic_dir, read_rows, sample_rows, write_metrics
-from pipeline.modeling.models import MASTER_DTYPE, default_device, load_model
+from pipeline.core.params import load_section
+from pipeline.core.phases import phase, stage_logger
+from pipeline.data.params import DistillConfig, SynthesizeConfig, TaskConfig
 from pipeline.data.task_data import gold_rows
+from pipeline.modeling import cards, lora
+from pipeline.modeling.models import MASTER_DTYPE, default_device, load_model
+from pipeline.modeling.params import LoraConfig, ModelLoadConfig
+from pipeline.orchestration.checks import check_packing
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.training.drills import curve_log, train_rank_drill
+from pipeline.training.params import RankDrillConfig, SFTConfig
 from pipeline.training.trainer import logit_distill, sft_train
 
 DISTILLED = paths.split_file("train", stage="distill")

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import shutil
 
-from pipeline.modeling import cards, chat
 from pipeline.core import paths
-from pipeline.config import SFTConfig, SFTExtendedConfig, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import stage_logger
 from pipeline.core.io import InputError, atomic_dir, live_atomic_dir, read_json, read_rows, write_metrics
-from pipeline.modeling.models import MASTER_DTYPE, load_model, save_model
+from pipeline.core.params import load_section
+from pipeline.core.phases import stage_logger
 from pipeline.data.task_data import gold_rows
+from pipeline.modeling import cards, chat
+from pipeline.modeling.models import MASTER_DTYPE, load_model, save_model
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.training.params import SFTConfig, SFTExtendedConfig
 from pipeline.training.trainer import sft_train
-
 
 SFT_PASSES_PER_TOKEN = 3  # forward and backward, in forward-pass equivalents (pipeline.rl.grpo.passes_per_token)
 

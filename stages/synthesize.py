@@ -20,14 +20,22 @@ import time
 from pathlib import Path
 
 from pipeline.core import paths
-from pipeline.data.cof.generate import block_count, generate_dataset
-from pipeline.config import SynthesizeConfig, TaskConfig, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.core.io import (
+    EXAMPLE_SCHEMA,
+    InputError,
+    atomic_dir,
+    hash_path,
+    write_manifest,
+    write_metrics,
+    write_rows,
+)
+from pipeline.core.params import load_section
 from pipeline.core.phases import phase, stage_logger
-from pipeline.core.io import (EXAMPLE_SCHEMA, InputError, atomic_dir, hash_path, write_manifest, write_rows,
-                              write_metrics)
+from pipeline.data.cof.generate import block_count, generate_dataset
+from pipeline.data.params import SynthesizeConfig, TaskConfig
 from pipeline.data.task import Task
 from pipeline.data.task_data import SPLITS, read_task_dataset
+from pipeline.orchestration.flows import expected_errors, run_stage
 
 # What the charts folder holds when there are no charts: DVC keeps no empty folders, and `animate` depends on it.
 NO_CHARTS = "No charts: task.kind is dataset, whose questions are text.\n"

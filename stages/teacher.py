@@ -20,15 +20,24 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pipeline.modeling import cards
 from pipeline.core import paths
-from pipeline.config import ModelLoadConfig, TeacherConfig, check_packing, is_local, load_section
-from pipeline.orchestration.flows import expected_errors, run_stage
-from pipeline.core.phases import stage_logger
 from pipeline.core.io import atomic_dir, live_atomic_dir, read_rows, write_metrics
+from pipeline.core.params import is_local, load_section
+from pipeline.core.phases import stage_logger
 from pipeline.core.plots import fill_skipped
-from pipeline.modeling.models import (MASTER_DTYPE, build_teacher, count_parameters, load_model, load_tokenizer,
-                                      save_model)
+from pipeline.modeling import cards
+from pipeline.modeling.models import (
+    MASTER_DTYPE,
+    build_teacher,
+    count_parameters,
+    load_model,
+    load_tokenizer,
+    save_model,
+)
+from pipeline.modeling.params import ModelLoadConfig
+from pipeline.orchestration.checks import check_packing
+from pipeline.orchestration.flows import expected_errors, run_stage
+from pipeline.training.params import TeacherConfig
 from pipeline.training.trainer import sft_train
 
 REFERENCE_FIELDS = {

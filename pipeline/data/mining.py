@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from pipeline.config import MineConfig
+from pipeline.data.params import MineConfig
 from pipeline.data.distill import QuestionResult, in_window
 
 BUCKETS = ("unsolved", "hard", "easy", "solved")

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from pipeline.data import answers, grading
-from pipeline.config import TaskConfig
+from pipeline.core.params import given
+from pipeline.data.params import TaskConfig
 
 # How the gold answer ends an SFT completion, per answer format; the readers in pipeline.data.answers read it back.
 _ANSWER_ENDINGS = {
@@ -185,25 +185,24 @@ _override: Task | None = None
 
 
 def active() -> Task:
-    """The task of this run: set by `use`, else params.yaml's `task` section, else the chart task."""
-    return _override if _override is not None else _from_params()
+    """The task of this run: set by `use`, else built from the `task` section the stage handed over
+    (`pipeline.core.params.given`), else the chart task."""
+    return _override if _override is not None else _built(given(TaskConfig))
 
 
-def _from_params() -> Task:
-    from pipeline.config import params_path
-
-    return _task_of(str(params_path()))
+_last: tuple[TaskConfig, Task] | None = None
 
 
-@lru_cache(maxsize=None)
-def _task_of(params_file: str) -> Task:
-    """Built once per params file: `active()` is called for every completion graded and every line searched."""
-    from pipeline.config import active_section
-
-    return Task.from_config(active_section("task"))
+def _built(cfg: TaskConfig) -> Task:
+    """Built once per section handed over: `active()` is called for every completion graded and every line
+    searched."""
+    global _last
+    if _last is None or _last[0] is not cfg:
+        _last = (cfg, Task.from_config(cfg))
+    return _last[1]
 
 
 def use(task: Task | None) -> None:
-    """Make `task` the active one (None: back to params.yaml); tests and experiments call this."""
+    """Make `task` the active one (None: back to the `task` section handed over); tests and experiments call this."""
     global _override
     _override = task

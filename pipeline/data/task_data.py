@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.data.answers import gsm8k_answer, last_boxed
-from pipeline.config import LOCAL_RULE, DatasetConfig, is_local_dataset
+from pipeline.core.params import LOCAL_RULE
+from pipeline.data.params import DatasetConfig, is_local_dataset
 from pipeline.data.grading import PARAGRAPH_BREAK, infer_answer_type
 from pipeline.core import paths
 from pipeline.core.io import InputError, read_rows

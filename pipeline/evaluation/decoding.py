@@ -20,13 +20,13 @@ import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 
-from pipeline.config import DecodingConfig
-from pipeline.evaluation.metrics import accuracy_by, accuracy_of, majority_vote, score, weighted_majority
 from pipeline.data import task as tasks
 from pipeline.data.grading import yes_no
+from pipeline.evaluation.metrics import accuracy_by, accuracy_of, majority_vote, score, weighted_majority
+from pipeline.evaluation.params import DecodingConfig
+from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 from pipeline.prm.model import aggregate, is_terminal, line_labels, scored_lines
 from pipeline.rl.rewards import is_correct
-from pipeline.evaluation.search import StepPolicy, beam_search, prm_mcts
 
 PRM_STRATEGIES = ("prm_best_of_n", "prm_weighted_vote", "prm_beam", "prm_mcts")
 

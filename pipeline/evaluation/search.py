@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from pipeline.modeling import chat
 from pipeline.data import task as tasks
 from pipeline.inference.generation import BlankLineStop, generate, token_texts
+from pipeline.modeling import chat
 from pipeline.prm.model import aggregate
 
 Path = tuple[str, ...]

@@ -18,10 +18,12 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.modeling import chat
-from pipeline.config import PARAMS_FILE, ConfigError, active_section
+from pipeline.core.io import ConfigError, InputError
+from pipeline.core.params import PARAMS_FILE, given
 from pipeline.inference.generation import Generation, LocalSampler
-from pipeline.core.io import InputError
+from pipeline.inference.params import GenerationConfig
+from pipeline.modeling import chat
+from pipeline.modeling.params import ModelLoadConfig
 
 INSTALL = "pip install -e '.[gpu]' on a CUDA machine (it installs vLLM through TRL's vllm extra)"
 
@@ -45,7 +47,7 @@ def require_vllm(key: str, path: Path | str = PARAMS_FILE) -> None:
 def local_sampler(model_dir: Path | str, batch_size: int, name: str, loaded: tuple | None = None
                   ) -> LocalSampler | VLLMSampler:
     """The sampler of a saved model under `generation.engine`; `loaded` (model, tokenizer) when the stage has it."""
-    if active_section("generation").engine == "vllm":
+    if given(GenerationConfig).engine == "vllm":
         sampler = VLLMSampler(model_dir, name)
         if loaded is not None:
             sampler._model = loaded[0]
@@ -76,7 +78,7 @@ class VLLMSampler:
 
         from pipeline.modeling.models import load_tokenizer
 
-        cfg, model_cfg = active_section("generation"), active_section("model")
+        cfg, model_cfg = given(GenerationConfig), given(ModelLoadConfig)
         self.model_dir, self.name, self.batch_size = Path(model_dir), name, 0  # vLLM schedules its own batches
         self.tokenizer = load_tokenizer(model_dir)
         # generation_config "vllm": the model's own generation_config.json (its sampling defaults, its extra EOS

@@ -16,9 +16,9 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.modeling import chat
 from pipeline.core import sharding
 from pipeline.data.grading import PARAGRAPH_BREAK
+from pipeline.modeling import chat
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ import httpx
 import openai
 from tqdm.auto import tqdm
 
-from pipeline.modeling import chat
-from pipeline.inference.generation import Generation
 from pipeline.core.io import InputError
+from pipeline.inference.generation import Generation
+from pipeline.modeling import chat
 
 log = logging.getLogger(__name__)
 

@@ -300,8 +300,10 @@ def _number(body: dict, name: str, default: Any, kind: type, low: float, high: f
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pipeline.core.io import InputError
+    from pipeline.core.io import ConfigError, InputError
+    from pipeline.core.params import give, params_path, parse_section, read_params
     from pipeline.modeling.models import load_model
+    from pipeline.modeling.params import ModelLoadConfig
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.inference.openai_server",
                                      description=__doc__.split("\n")[0])
@@ -319,8 +321,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: --api-key-env {args.api_key_env}: the variable is not set", file=sys.stderr)
             raise SystemExit(2)
     try:
+        if (path := params_path()).exists():  # a program of its own: models load as the stages here load them
+            give(parse_section("model", ModelLoadConfig, read_params(path).get("model"), path))
         model, tokenizer = load_model(args.model_dir)
-    except InputError as exc:
+    except (ConfigError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     name = args.served_model_name or args.model_dir

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.core import paths
-from pipeline.inference.generation import Sampler
 from pipeline.core.io import InputError, read_json
+from pipeline.inference.generation import Sampler
 
 
 def backend_of(model_dir: Path) -> dict:

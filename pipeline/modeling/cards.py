@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.modeling import chat
 from pipeline.core import paths
 from pipeline.core.io import atomic_write_text, read_json, untimed, write_manifest
+from pipeline.modeling import chat
 
 CARD = "README.md"
 

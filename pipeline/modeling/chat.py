@@ -23,7 +23,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipeline.config import ConfigError, PromptConfig, active_section
+from pipeline.core.io import ConfigError
+from pipeline.core.params import given
+from pipeline.modeling.params import PromptConfig
 
 _override: PromptConfig | None = None
 _shots: tuple[tuple[str, str], ...] = ()  # worked examples shown before every question (`with_shots`)
@@ -31,7 +33,7 @@ _shots: tuple[tuple[str, str], ...] = ()  # worked examples shown before every q
 
 def active() -> PromptConfig:
     """The prompt format of this run: set by `use`, else params.yaml's `prompt` section, else raw."""
-    return _override if _override is not None else active_section("prompt")  # type: ignore[return-value]
+    return _override if _override is not None else given(PromptConfig)
 
 
 def use(cfg: PromptConfig | None) -> None:

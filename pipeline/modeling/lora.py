@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.config import LoraConfig
 from pipeline.core.io import InputError
-from pipeline.modeling.models import save_model, writes_weights
 from pipeline.modeling.chat import save_tokenizer
+from pipeline.modeling.models import save_model, writes_weights
+from pipeline.modeling.params import LoraConfig
 
 
 def is_adapter(model) -> bool:
@@ -37,7 +37,8 @@ def wrap(model, cfg: LoraConfig, stage: str, seed: int = 0):
     if not cfg.on(stage):
         return model
     import torch
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
     config = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                             target_modules=cfg.target_modules, task_type="CAUSAL_LM")

@@ -11,19 +11,35 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import SafetensorError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
-                          Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from pipeline.core import sharding
-from pipeline.modeling.chat import TOKENIZER_FILES, WEIGHT_FILES, has_template, save_tokenizer
-from pipeline.config import (LOCAL_RULE, BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, active_section,
-                             is_local, is_stage_output, watched)
+from pipeline.core.io import ConfigError, InputError, rank
+from pipeline.core.params import LOCAL_RULE, given, is_local, is_stage_output, watched
 from pipeline.core.phases import phase
-from pipeline.core.io import InputError, rank
+from pipeline.modeling.chat import TOKENIZER_FILES, WEIGHT_FILES, has_template, save_tokenizer
+from pipeline.modeling.params import BaseModelConfig, ModelLoadConfig, PromptConfig, Sized
+
+
+class TeacherSource(Protocol):
+    """What the model checks read of the `teacher` section (the training room's, above this one)."""
+
+    backend: str
+    api: str
+    model: str | None
 
 DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}
 # What a model to be trained loads as, whatever `model.dtype`: AdamW on bfloat16 weights rounds away any update
@@ -119,8 +135,8 @@ def base_model(cfg: BaseModelConfig, train_rows: Iterable[dict]):
 TEACHER_POSITIONS = 1024
 
 
-def build_teacher(cfg: TeacherConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    """The untrained embedded teacher: a Qwen2 at the teacher's size."""
+def build_teacher(cfg: Sized, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    """The untrained embedded teacher: a Qwen2 at the size the `teacher` section gives."""
     size = BaseModelConfig(
         seed=cfg.seed, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
@@ -153,13 +169,13 @@ def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
     try:
         return PreTrainedTokenizerFast.from_pretrained(path)
     except ValueError:  # no tokenizer.json; OSError (nothing there, offline) propagates, not retried twice
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=active_section("model").trust_remote_code)
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=given(ModelLoadConfig).trust_remote_code)
 
 
 def load_kwargs(dtype: torch.dtype | str | None = None) -> dict:
     """`from_pretrained` keywords from the `model` section: the dtype (unless `dtype` is given), the attention,
     remote code; weights from safetensors files only."""
-    cfg = active_section("model")
+    cfg = given(ModelLoadConfig)
     # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code as it loads
     out: dict = {"dtype": dtype if dtype is not None else DTYPES[cfg.dtype], "use_safetensors": True,
                  "trust_remote_code": cfg.trust_remote_code}
@@ -175,7 +191,7 @@ def load_weights(path: Path | str, dtype: torch.dtype | str | None = None):
     if is_gguf(path):
         from pipeline.modeling.pretrained import load_gguf
 
-        return load_gguf(path, dtype if dtype is not None else DTYPES[active_section("model").dtype])[0]
+        return load_gguf(path, dtype if dtype is not None else DTYPES[given(ModelLoadConfig).dtype])[0]
     adapter = Path(path) / "adapter_config.json"
     if not adapter.is_file():
         return AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs(dtype))
@@ -316,7 +332,7 @@ def _check_local_model(key: str, folder: Path, path: Path | str) -> None:
                           "the tokenizer beside the weights (tokenizer.save_pretrained(folder))")
 
 
-def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, teacher: TeacherConfig | None = None,
+def check_models(prompt_cfg: PromptConfig, base: BaseModelConfig | None = None, teacher: TeacherSource | None = None,
                  path: Path | str = "params.yaml") -> None:
     """Every model the params load must load: its config and its tokenizer, with a pad or an EOS token to pad and
     stop with (said at validation, naming the key, rather than by the first stage that loads it). With `format:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pipeline.core.io import InputError, atomic_dir
 from pipeline.core.paths import PRETRAINED  # converted models, relative to the repository root
+
 WHEELS = Path("cache/wheels")  # downloaded wheels, kept so that a second conversion needs no index
 
 

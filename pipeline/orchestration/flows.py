@@ -71,8 +71,21 @@ def expected_errors() -> Iterator[None]:
 def run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     """Run `body(*args)` as the Prefect flow `name`; bad input exits 2 with its message.
 
-    A training stage that `launch` spreads over several processes runs them instead, as the flow's one task
-    (`pipeline.orchestration.launch`); each of those ranks runs `body` here again, without a flow (`_run_rank`)."""
+    The stage's main passes its own sections in `args`; the run-wide ones (the task, the prompt format, model
+    loading, the generation engine, checkpoints, trackers) are read here and handed to the rooms that read them
+    for the run (`pipeline.core.params.giving`). A training stage that `launch` spreads over several processes
+    runs them instead, as the flow's one task (`pipeline.orchestration.launch`); each of those ranks runs `body`
+    here again, without a flow (`_run_rank`)."""
+    from pipeline.core.params import giving
+    from pipeline.orchestration.sections import run_settings
+
+    with expected_errors():
+        settings = run_settings()
+    with giving(*settings):
+        return _run_stage(name, body, *args)
+
+
+def _run_stage(name: str, body: Callable[..., Any], *args: Any) -> Any:
     from pipeline.orchestration import launch
 
     phases.current_stage = name  # not os.environ: stages run in one process (the tests) would pass it on to the next
@@ -156,8 +169,8 @@ def _die_on_sigterm(name: str) -> None:
               flush=True)
         if "pipeline.orchestration.launch" in sys.modules:  # a launched stage's ranks stop with it
             sys.modules["pipeline.orchestration.launch"].stop()
-        if "pipeline.inference.vllm_server" in sys.modules:  # and a vLLM server the stage started
-            sys.modules["pipeline.inference.vllm_server"].stop()
+        if "pipeline.rl.vllm_server" in sys.modules:  # and a vLLM server the stage started
+            sys.modules["pipeline.rl.vllm_server"].stop()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)

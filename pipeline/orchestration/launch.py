@@ -28,9 +28,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import ConfigError, LaunchConfig, LoraConfig, active_section
-from pipeline.core.io import LAUNCHED, InputError, StageFailed
+from pipeline.core.io import LAUNCHED, ConfigError, InputError, StageFailed
 from pipeline.core.registry import LORA_STAGES, TRAINING_STAGES
+from pipeline.modeling.params import LoraConfig
+from pipeline.orchestration.params import LaunchConfig
+from pipeline.orchestration.sections import read_section
 
 CONFIG_DIR = Path("configs/accelerate")
 # Set in each rank's environment: the stage name. A rank runs its stage's code without a Prefect flow.
@@ -68,7 +70,7 @@ def plan_for(stage: str, cfg: LaunchConfig | None = None) -> Plan | None:
     name = stage.split("@")[0]
     if name not in TRAINING_STAGES:
         return None
-    cfg = cfg or active_section("launch")
+    cfg = cfg or read_section("launch")  # type: ignore[assignment]
     own = cfg.stages.get(name)
     processes = (own.num_processes if own and own.num_processes else None) or cfg.num_processes
     config_file = (own.config_file if own and own.config_file else None) or cfg.config_file
@@ -103,7 +105,7 @@ def check(plan: Plan, lora: LoraConfig | None = None) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     processes = f"{plan.section}.num_processes"
     if kind == "FSDP":
-        check_fsdp(plan, config, gpus, lora if lora is not None else active_section("lora"))
+        check_fsdp(plan, config, gpus, lora if lora is not None else read_section("lora"))
     if kind == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"{config_key}: {plan.config_file} asks for DeepSpeed, which is not installed "
                           "(pip install -e '.[deepspeed]')")

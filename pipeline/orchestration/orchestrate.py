@@ -22,14 +22,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
 from pipeline.core import paths
-from pipeline.orchestration import runlock
+from pipeline.core.phases import stage_logger
 from pipeline.core.processes import stop_tree
 from pipeline.core.versions import RECORDED, missing_remote, uncommitted_files
-from pipeline.config import active_section
-from pipeline.orchestration.validation import validate_all
-from pipeline.orchestration.flows import flatten, publish_markdown, publish_table
-from pipeline.core.phases import stage_logger
 from pipeline.evaluation.report import decoding_markdown, generalisation_markdown, load_evaluations
+from pipeline.orchestration import runlock
+from pipeline.orchestration.flows import flatten, publish_markdown, publish_table
+from pipeline.orchestration.sections import read_section
+from pipeline.orchestration.validation import validate_all
 
 
 def dvc(*args: str, capture: bool = False, tee: bool = False) -> subprocess.CompletedProcess:
@@ -198,8 +198,8 @@ def reproduce(targets: list[str] | None, force: bool) -> tuple[float, str | None
 def compare_with_previous(gate_specs: list[str], previous: str = "HEAD") -> list[str]:
     """This version's accuracies against `previous` (paired bootstrap per model), published as an artifact;
     the reasons the gate stops this version ([] when it passes or there is no gate)."""
-    from pipeline.evaluation.compare import bootstrap_markdown, compare_models, gate
     from pipeline.core.registry import STUDENTS
+    from pipeline.evaluation.compare import bootstrap_markdown, compare_models, gate
 
     models = ["teacher", *STUDENTS]
     results = compare_models(previous, models)
@@ -253,7 +253,7 @@ def repro_flow(targets: list[str] | None = None, force: bool = False, pull: bool
     """
     if not Path("dvc.yaml").exists():  # a deployment's working directory that is not this repository
         raise RuntimeError(f"{Path.cwd()}: no dvc.yaml here; run the flow from the repository's root")
-    with runlock.hold(active_section("repro").lock_timeout):  # already held when run by `python -m pipeline repro`
+    with runlock.hold(read_section("repro").lock_timeout):  # already held when run by `python -m pipeline repro`
         return _one_version(targets, force, pull, push, profile, sets, gate, record)
 
 

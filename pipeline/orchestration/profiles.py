@@ -3,7 +3,7 @@
 `params.yaml` is what every stage reads and what DVC records. It is written,
 with every key spelled out, from three layers:
 
-1. the schema's defaults (`pipeline/config.py`): the quick default;
+1. the schemas' defaults (`pipeline/<room>/params.py`): the quick default;
 2. a profile, `profiles/<name>.yaml`: a small file of overrides (`research`,
    `tiny`, ...), which may extend another profile; `default` is the empty one;
 3. `-S key=value` overrides (the value read as YAML), and `--seed N`.
@@ -29,9 +29,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pipeline.config import (SECTIONS, ConfigError, Section, data_dependency_for, params_path, parse_section,
-                             read_mapping, read_params)
-from pipeline.core.io import atomic_write_text
+from pipeline.core.io import ConfigError, atomic_write_text
+from pipeline.core.params import Section, params_path, parse_section, read_mapping, read_params
+from pipeline.data.params import data_dependency_for
+from pipeline.orchestration.sections import SECTIONS
 
 PROFILES_DIR = Path("profiles")
 DEFAULT = "default"
@@ -248,7 +249,7 @@ def resolve(profile: str = DEFAULT, sets: Sequence[str] = (), root: Path | None 
 HEADER = """\
 # The resolved params: what every stage reads and DVC records (dvc.lock, dvc params diff).
 # Written by `python -m pipeline params --write` or `python -m pipeline repro --profile NAME`
-# from the schema's defaults (pipeline/config.py: the quick default), profiles/NAME.yaml
+# from the schemas' defaults (pipeline/<room>/params.py: the quick default), profiles/NAME.yaml
 # and -S overrides; the lines below say which, and hash the values written. Edit by hand as
 # you like: a later --profile run refuses to overwrite values that differ from what was written.
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import ConfigError
+from pipeline.core.io import ConfigError
 
 DEPLOYMENT_FILE = Path("prefect.yaml")
 FLOW = "repro"  # pipeline.orchestration.orchestrate.repro_flow's name: `prefect deployment run repro/<deployment>`

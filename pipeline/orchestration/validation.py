@@ -3,19 +3,21 @@
 `python -m pipeline repro` (and the repro flow) run `validate_all` before DVC starts, so that bad params fail
 before DVC deletes a stage's outputs. The checks that need the library (a model's tokenizer, vLLM, the generator's
 function names, this machine's GPUs) live here, above it; each section's own rules stay in its schema
-(`pipeline.config`), which every stage reads.
+(`pipeline/<room>/params.py`), which every stage reads.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import (SECTIONS, ConfigError, Section, check_attention, check_packing, check_task_fit,
-                             check_vllm_loads_whole_models, params_path, parse_section, read_params)
+from pipeline.core.io import ConfigError
+from pipeline.core.params import Section, giving, params_path, parse_section, read_params
 from pipeline.core.registry import TRAINING_STAGES
 from pipeline.data.cof.core import parse_held_out
-from pipeline.inference import vllm_server  # a server the grpo stage starts: GPUs for it beside the training
 from pipeline.orchestration import launch
+from pipeline.orchestration.checks import check_attention, check_packing, check_task_fit, check_vllm_loads_whole_models
+from pipeline.orchestration.sections import SECTIONS
+from pipeline.rl import vllm_server  # a server the grpo stage starts: GPUs for it beside the training
 
 
 def validate_all(path: Path | None = None) -> dict[str, Section]:
@@ -33,7 +35,8 @@ def validate_all(path: Path | None = None) -> dict[str, Section]:
     from pipeline.modeling.models import check_models
 
     check_task_fit(sections["task"], sections["prm"], path, sections["rewards"])
-    check_models(sections["prompt"], sections["base"], sections["teacher"], path)
+    with giving(sections["model"]):  # tokenizers load as the stages will load them (trust_remote_code)
+        check_models(sections["prompt"], sections["base"], sections["teacher"], path)
     check_vllm_loads_whole_models(sections["generation"], sections["grpo"], sections["lora"], path)
     if sections["generation"].engine == "vllm":
         require_vllm("generation.engine", path)

@@ -19,7 +19,7 @@ def write_params(folder: Path, params: dict, profile: str = "tiny") -> Path:
     """params.yaml with every key of every section spelled out, as `python -m pipeline params` writes it
     (dvc.yaml names single keys such as `distill.k`, which DVC requires to be present); its header names
     `profile`, so values that differ from it read as hand edits."""
-    from pipeline.config import SECTIONS
+    from pipeline.orchestration.sections import SECTIONS
 
     full = {name: SECTIONS[name].model_validate(params.get(name) or {}).model_dump(mode="json") for name in SECTIONS}
     path = folder / "params.yaml"

@@ -22,9 +22,9 @@ import re
 from collections.abc import Sequence
 from itertools import combinations
 
+from pipeline.data import task as tasks
 from pipeline.data.cof.verbalize import STEPS
 from pipeline.data.grading import step_value
-from pipeline.data import task as tasks
 
 # One object of the list a step wrote, "Norway 4" (a key of one or more words, then its value).
 ITEM = re.compile(r"^(?P<key>.+?) (?P<value>-?\d+(?:\.\d+)?)$")

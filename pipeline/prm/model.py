@@ -39,13 +39,14 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
 
-from pipeline.modeling import chat
 from pipeline.core import paths, sharding
-from pipeline.config import PRMConfig, PRMDataConfig, SynthesizeConfig
-from pipeline.inference.generation import pad, pad_id
+from pipeline.core.io import InputError, read_rows
 from pipeline.data import task as tasks
 from pipeline.data.grading import extract_answer, grade, infer_answer_type, step_value
-from pipeline.core.io import InputError, read_rows
+from pipeline.data.params import SynthesizeConfig
+from pipeline.inference.generation import pad, pad_id
+from pipeline.modeling import chat
+from pipeline.prm.params import PRMConfig, PRMDataConfig
 
 # A completion with no Step and no Answer line has nothing to verify: it gets the lowest score.
 EMPTY_SCORE = 0.0

@@ -27,15 +27,15 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline.modeling import chat
-from pipeline.training import checkpoints, trackers, trl_config
 from pipeline.core import sharding
-from pipeline.inference import vllm_server
-from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.core.phases import phase, stage_logger
 from pipeline.inference.generation import decode, pad, pad_id
+from pipeline.modeling import chat
+from pipeline.rl import vllm_server
+from pipeline.rl.params import GRPOStageConfig, RewardsConfig
 from pipeline.rl.rewards import build_rewards, is_correct
 from pipeline.rl.tbrm import TBRM
+from pipeline.training import checkpoints, trackers, trl_config
 from pipeline.training.trainer import changed, device_kwargs, dvclive_callback, snapshot, unmoved, world
 
 RL_COLUMNS = ("id", "prompt", "answer", "answer_type", "step_values", "rationale")
@@ -160,6 +160,7 @@ class GRPO:
     `pipeline.rl.tbrm.TBRM` answers the same questions for TBRM; `grpo.algorithm` picks one (`ALGORITHMS`)."""
 
     name = "grpo"
+    grouped = True  # rollouts come in groups: a group whose rewards all agree has zero advantages
 
     @staticmethod
     def parsed_generations(cfg: GRPOStageConfig) -> int:
@@ -218,7 +219,7 @@ def grpo_args(cfg: GRPOStageConfig, rewards_weights: list[float], output_dir: Pa
         **device_kwargs(),
     )
     if cfg.use_vllm:  # TRL's vLLM engine generates; `GuidedRollout` calls it and replays as on the decode loop
-        # a server the stage started (pipeline.inference.vllm_server) when the params name none
+        # a server the stage started (pipeline.rl.vllm_server) when the params name none
         url = cfg.vllm_server_base_url or os.environ.get(vllm_server.URL_ENV)
         args.update(use_vllm=True, vllm_mode=cfg.vllm_mode, vllm_server_base_url=url,
                     vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
@@ -308,7 +309,7 @@ def no_update_reason(metrics: dict) -> str | None:
     every logged step had rewards that all agreed (a mean share of 1: every log's was), so every advantage, and the
     policy gradient, was zero; weight decay alone may still have moved the weights. TBRM's single rollouts have no
     groups: only its weights are read."""
-    if metrics["algorithm"] == "grpo" and metrics["steps"] and metrics.get("zero_std_share", 0.0) >= 1.0:
+    if ALGORITHMS[metrics["algorithm"]].grouped and metrics["steps"] and metrics.get("zero_std_share", 0.0) >= 1.0:
         return (f"in all {metrics['steps']} step(s) every group's rewards agreed (frac_reward_zero_std 1.0): every "
                 "advantage was zero, so the policy did not learn (rewards that cannot tell rollouts apart, a policy "
                 "that gets all or none of a prompt's rollouts right; guided replay, grpo.guided_replay, helps the "

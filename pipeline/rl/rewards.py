@@ -1,6 +1,7 @@
 """Verifiable rewards for GRPO, all built on `pipeline.data.grading`, in TRL's reward-function signature.
 
-    from pipeline.config import load_section, RewardsConfig
+    from pipeline.core.params import load_section
+    from pipeline.rl.params import RewardsConfig
     from pipeline.rl.rewards import build_rewards
     funcs, weights = build_rewards(load_section("rewards", RewardsConfig))
     GRPOTrainer(..., reward_funcs=funcs, args=GRPOConfig(..., reward_weights=weights))
@@ -20,7 +21,7 @@ from typing import Any, ClassVar
 
 from pipeline.data import grading
 from pipeline.data import task as tasks
-from pipeline.config import RewardsConfig, import_reward
+from pipeline.rl.params import RewardsConfig, import_reward
 
 ANSWER_TYPES = ("number", "binary", "text")
 

@@ -13,13 +13,14 @@ import copy
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline.config import GRPOStageConfig
+from pipeline.rl.params import GRPOStageConfig
 
 
 class TBRM:
     """How the grpo stage runs TBRM (the same questions as `pipeline.rl.grpo.GRPO` answers for GRPO)."""
 
     name = "tbrm"
+    grouped = False  # one rollout per prompt: no group whose rewards could all agree
 
     @staticmethod
     def parsed_generations(cfg: GRPOStageConfig) -> int:

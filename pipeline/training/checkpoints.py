@@ -57,8 +57,9 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
 from pipeline.core import faults, sharding
-from pipeline.config import active_section
 from pipeline.core.io import StageFailed
+from pipeline.core.params import given
+from pipeline.training.params import ReproConfig
 
 ROOT = Path(".checkpoints")
 KEEP = 2  # checkpoints kept per run: the newest may be half-written when a kill lands inside a save
@@ -86,7 +87,7 @@ def train(trainer, stage_cfg: Any, label: str | None = None, state: dict[str, An
     from pipeline.core.phases import current_stage
 
     label = label or (os.environ.get("DVC_STAGE") or current_stage or "run").replace("@", "-")
-    repro = active_section("repro")
+    repro = given(ReproConfig)
     folder = None
     resume_from = None
     if repro.checkpoint_steps:

@@ -39,11 +39,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.core.phases import phase
 from pipeline.data.cof.tables import COLOURS, MARK_NOUNS, random_table
 from pipeline.data.cof.verbalize import STEPS, format_prompt
-from pipeline.config import DrillConfig, RankDrillConfig, SynthesizeConfig
-from pipeline.core.phases import phase
-from pipeline.inference.generation import pad as pad_batch, pad_id
+from pipeline.data.params import SynthesizeConfig
+from pipeline.inference.generation import pad as pad_batch
+from pipeline.inference.generation import pad_id
+from pipeline.modeling.params import DrillConfig
+from pipeline.training.params import RankDrillConfig
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, target ids)
 

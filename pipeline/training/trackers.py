@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from pipeline.core import phases
-from pipeline.config import active_section
+from pipeline.core.params import given
+from pipeline.training.params import TrackingConfig
 
 # transformers' TensorBoard callback reads its folder from this variable when it is built (with the trainer)
 TENSORBOARD_DIR = "TENSORBOARD_LOGGING_DIR"
@@ -58,7 +59,7 @@ def phase_of(live_dir: Path, stage: str) -> str:
 def arguments(live_dir: Path) -> dict:
     """Trainer arguments for the `tracking` section: `report_to` ("none" without trackers: dvclive is attached
     as a callback of its own), `run_name` and `project`; for TensorBoard, its folder for this trainer."""
-    cfg = active_section("tracking")
+    cfg = given(TrackingConfig)
     if not cfg.report_to:
         return {"report_to": "none"}
     stage = phases.current_stage or "run"

@@ -14,12 +14,12 @@ from transformers import Trainer, TrainerCallback
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
+from pipeline.core import sharding
+from pipeline.core.io import StageFailed, untimed
+from pipeline.core.phases import phase, stage_logger
 from pipeline.modeling import chat
 from pipeline.training import checkpoints, trackers, trl_config
-from pipeline.core import sharding
-from pipeline.config import TrainConfig
-from pipeline.core.phases import phase, stage_logger
-from pipeline.core.io import StageFailed, untimed
+from pipeline.training.params import TrainConfig
 
 
 def prompt_completion_dataset(rows: Sequence[dict], completion_key: str = "rationale") -> Dataset:

@@ -7,17 +7,12 @@ TRL without a line of copying, and any other option of that config is one `<sect
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from pipeline.config import ConfigError, Section
 from pipeline.core import phases
-
-
-def config_fields(config_class: type) -> frozenset[str]:
-    """The options `config_class(...)` takes."""
-    return frozenset(f.name for f in dataclasses.fields(config_class) if f.init)
+from pipeline.core.io import ConfigError
+from pipeline.core.params import Section, config_fields
 
 
 def build(config_class: type, cfg: Section, stage_args: dict[str, Any], overrides: dict[str, Any],
@@ -26,7 +21,7 @@ def build(config_class: type, cfg: Section, stage_args: dict[str, Any], override
     which the stage derives itself), `stage_args` (what the stage computes from its other fields, and the settings
     it always makes), `overrides` (the caller's: a curriculum phase's learning rate, the trackers), and last
     `cfg.trl_args`, which may set only what none of those sets: a key they set is bad params, named with the
-    stage. Its unknown keys were refused when the params were read (`pipeline.config.check_trl_args`)."""
+    stage. Its unknown keys were refused when the params were read (`pipeline.core.params.check_trl_args`)."""
     fields = config_fields(config_class)
     args = {name: value for name, value in dict(cfg).items() if name in fields and name not in exclude}
     args |= stage_args | overrides

@@ -59,8 +59,8 @@ LLAMA3_TEMPLATE = (
 def save_llama(folder) -> None:
     """A 1-layer Llama with a tokenizer trained on word problems and its own chat template and EOS, saved as any
     Hub model would be."""
-    from pipeline.config import BaseModelConfig
     from pipeline.modeling.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     corpus = [r["question"] + r["answer"] for r in generate(200, TRAIN_FRAMES, 5)]
     tokenizer = train_tokenizer(corpus, 320, "spaced")

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.e2e
 
 
 def save_student(folder, seed: int) -> None:
-    from pipeline.config import BaseModelConfig
     from pipeline.modeling.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     tokenizer = train_tokenizer(["Step 1: 3 + 4 = 7.\nAnswer: 7", "What is the largest value?"] * 20, 300)
     cfg = BaseModelConfig(seed=seed, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -75,10 +75,11 @@ def test_the_converted_folder_holds_the_gguf_models_weights_and_converts_to_the_
 
 
 def test_the_pipelines_prompts_render_through_smollm2s_template_as_its_tokenizer_does(smollm2):
-    from pipeline.modeling import chat
-    from pipeline.config import PromptConfig
-    from pipeline.modeling.models import load_tokenizer
     from transformers import AutoTokenizer
+
+    from pipeline.modeling import chat
+    from pipeline.modeling.models import load_tokenizer
+    from pipeline.modeling.params import PromptConfig
 
     theirs, ours = AutoTokenizer.from_pretrained(smollm2), load_tokenizer(smollm2)
     question = "Chart: pie. Title: Visitors (k).\nThu: 2 blue | Fri: 17 orange\nQuestion: Which slice is largest?\n"

@@ -12,9 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.config import BaseModelConfig, SFTConfig
-from pipeline.orchestration.flows import expected_errors
 from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
+from pipeline.orchestration.flows import expected_errors
+from pipeline.training.params import SFTConfig
 from pipeline.training.trainer import sft_train
 
 ROWS = [{"prompt": f"What is {a} plus {b}?\n", "rationale": f"Step 1: {a} + {b} = {a + b}\nAnswer: {a + b}"}

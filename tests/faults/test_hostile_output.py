@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.data import answers, grading
 from pipeline.data.answers import ANSWER_FORMATS, GRADERS
-from pipeline.config import RewardsConfig
+from pipeline.rl.params import RewardsConfig
 from pipeline.rl.rewards import REWARDS, build_rewards
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,9 +98,9 @@ def test_a_pickled_checkpoint_is_refused(tmp_path):
     """A model folder whose weights are a pickle (pytorch_model.bin) does not load: the error names the folder."""
     import torch
 
-    from pipeline.config import BaseModelConfig
     from pipeline.core.io import InputError
     from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
     model = build_student(BaseModelConfig(seed=0, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
@@ -117,9 +117,9 @@ def test_a_pickled_checkpoint_is_refused(tmp_path):
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
 def test_a_damaged_checkpoint_fails_naming_its_folder(tmp_path, damage):
     """A model folder whose weights are cut short, overwritten or gone: InputError (exit 2 in a stage) naming it."""
-    from pipeline.config import BaseModelConfig
     from pipeline.core.io import InputError
     from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     tokenizer = train_tokenizer(["Step 1: 1 + 1 = 2\nAnswer: 2"] * 4, 100)
     model = build_student(BaseModelConfig(seed=0, hidden_size=16, intermediate_size=16, num_hidden_layers=1,

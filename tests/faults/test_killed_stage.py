@@ -13,8 +13,16 @@ import time
 
 import pytest
 
-from tests.faults.conftest import (PYTHON, kill_session, live_processes, lock_record, own_server_env, sh, start,
-                                   wait_gone)
+from tests.faults.conftest import (
+    PYTHON,
+    kill_session,
+    live_processes,
+    lock_record,
+    own_server_env,
+    sh,
+    start,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.e2e
 

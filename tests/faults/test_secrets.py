@@ -28,8 +28,8 @@ SENTINEL = "sk-FAULT-SUITE-SENTINEL-5d1c0a"
 
 def serve_tiny_model(folder: Path, port: int) -> subprocess.Popen:
     """The loopback OpenAI-compatible server over a freshly built tiny model that demands the sentinel key."""
-    from pipeline.config import BaseModelConfig
     from pipeline.modeling.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     tokenizer = train_tokenizer(["Step 1: 2 + 3 = 5\nAnswer: 5", "What is the largest value?"] * 20, 200)
     model = build_student(BaseModelConfig(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

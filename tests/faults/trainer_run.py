@@ -64,8 +64,8 @@ def weights_hash(model) -> str:
 def tiny_model(tokenizer):
     """The same fresh weights every run, loaded from a folder as a stage loads its starting model (GRPO's reference
     is loaded again from the model's path)."""
-    from pipeline.config import BaseModelConfig
     from pipeline.modeling.models import build_student, load_weights
+    from pipeline.modeling.params import BaseModelConfig
 
     start = Path("start")
     if not start.is_dir():
@@ -131,8 +131,8 @@ def recorded(steps: dict) -> None:
 
 
 def grpo(tokenizer, model):
-    from pipeline.config import GRPOStageConfig, RewardsConfig
     from pipeline.rl.grpo import rl_train
+    from pipeline.rl.params import GRPOStageConfig, RewardsConfig
 
     # 8 prompts, 2 a step (G = 2): 4 steps an epoch, 2 epochs
     cfg = GRPOStageConfig(seed=0, max_steps=8, prompts_per_step=2, num_generations=2, max_completion_length=32,
@@ -143,7 +143,7 @@ def grpo(tokenizer, model):
 
 
 def dpo(tokenizer, model):
-    from pipeline.config import DPOStageConfig
+    from pipeline.rl.params import DPOStageConfig
     from pipeline.training.trainer import dpo_train
 
     pairs = [{"prompt": r["prompt"], "chosen": r["rationale"],
@@ -155,7 +155,7 @@ def dpo(tokenizer, model):
 
 
 def prm(tokenizer, model):
-    from pipeline.config import PRMConfig
+    from pipeline.prm.params import PRMConfig
     from pipeline.training.trainer import prm_train
 
     rows = [{"id": r["id"], "prompt": r["prompt"], "steps": r["rationale"].splitlines(),
@@ -173,8 +173,8 @@ def main(modes: str) -> None:
 
     import pipeline.rl.grpo as rl
     import pipeline.training.trainer as training
-    from pipeline.orchestration.flows import expected_errors
     from pipeline.modeling.models import train_tokenizer
+    from pipeline.orchestration.flows import expected_errors
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pipeline").setLevel(logging.INFO)  # checkpoints' "resuming from ..." on stderr

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import BaseModelConfig
 from pipeline.modeling.models import build_student, save_model, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
 
 
 def save_wide_student(folder: Path, texts: list[str], hidden_size: int, intermediate_size: int) -> Path:

@@ -15,12 +15,13 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from pipeline.rl import grpo as rl
 from pipeline.core import sharding
-from pipeline.training import trainer as training
-from pipeline.config import GRPOStageConfig, RewardsConfig, TrainConfig
 from pipeline.inference.generation import decode, pad, pad_id
 from pipeline.modeling.models import load_model, save_model
+from pipeline.rl import grpo as rl
+from pipeline.rl.params import GRPOStageConfig, RewardsConfig
+from pipeline.training import trainer as training
+from pipeline.training.params import TrainConfig
 
 TEXTS = [f"Question: what is {a}+{b}?\nStep 1: Select them: {a} {b}.\nStep 2: {a} + {b} = {a + b}.\nAnswer: {a + b}"
          for a in range(10) for b in range(10)]

@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from pipeline.training import trainer as training
-from pipeline.config import PRMConfig, TrainConfig
 from pipeline.inference.generation import generate
 from pipeline.modeling.models import load_model, save_model
 from pipeline.prm.model import PRMScorer, line_labels, prm_from_policy, scored_lines
+from pipeline.prm.params import PRMConfig
+from pipeline.training import trainer as training
+from pipeline.training.params import TrainConfig
 from tests.gpu.conftest import save_wide_student
 
 pytestmark = [pytest.mark.gpu,

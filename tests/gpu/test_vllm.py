@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import GRPOStageConfig, RewardsConfig
 from pipeline.modeling.models import load_model
+from pipeline.rl.params import GRPOStageConfig, RewardsConfig
 from tests.gpu.conftest import save_wide_student
 
 pytestmark = [pytest.mark.gpu,

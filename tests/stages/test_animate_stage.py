@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from pipeline.core import paths
-from pipeline.data.grading import extract_answer, grade
 from pipeline.core.io import EXAMPLE_COLUMNS, read_rows
+from pipeline.data.grading import extract_answer, grade
 from pipeline.data.video.clips import read_mp4
 from tests.conftest import TINY_PARAMS, write_params
 from tests.unit.test_animate import expected_answer

@@ -53,9 +53,8 @@ def losses(folder: Path, stage_name: str) -> list[float]:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, prefect_api):
     """The tiny project with the stages up to mine built on one process; a copy of sft's one-process outputs."""
-    from tests.conftest import copy_project
-
     from stages import base, mine, sft, synthesize
+    from tests.conftest import copy_project
 
     folder = copy_project(tmp_path_factory.mktemp("launch"))
     write_params(folder, params())
@@ -114,8 +113,8 @@ def test_sft_on_two_processes_follows_the_one_process_curve_at_twice_the_batch(w
 @pytest.mark.slow  # two launched stages (`make test-slow`); the SFT and failing-rank tests stay in `make test`
 @pytest.mark.parametrize("config", [None, "deepspeed_zero3.yaml"])
 def test_dpo_and_grpo_run_a_few_steps_on_two_processes(workspace, config):
-    from pipeline.data.distill import PAIR_SCHEMA
     from pipeline.core.io import read_rows, write_rows
+    from pipeline.data.distill import PAIR_SCHEMA
 
     folder, _ = workspace
     gold = read_rows(folder / paths.split_file("train"))[:8]

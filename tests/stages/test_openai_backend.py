@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 import torch
 
-from pipeline.config import BaseModelConfig
-from pipeline.inference.generation import Generation, generate
 from pipeline.core.io import InputError
-from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
+from pipeline.inference.generation import Generation, generate
 from pipeline.inference.openai_backend import OpenAISampler, TeacherRequestError
 from pipeline.inference.openai_server import make_server
+from pipeline.modeling.models import build_student, load_model, save_model, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
 
 PROMPTS = ["Question: what is 3+4?\n", "Question: what is 12-5?\n", "Question: what is 2*9?\n"]
 SECRET = "sk-test-SECRET-123"

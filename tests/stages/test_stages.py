@@ -16,9 +16,10 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline.core import paths
-from pipeline.config import PRMConfig, load_section
-from pipeline.prm.contrast import contrast_rows
 from pipeline.core.io import EXAMPLE_COLUMNS, read_rows
+from pipeline.core.params import load_section
+from pipeline.prm.contrast import contrast_rows
+from pipeline.prm.params import PRMConfig
 from tests.conftest import ROOT, TINY_PARAMS, write_params
 
 
@@ -435,13 +436,13 @@ def test_grpo_whose_updates_were_all_zero_fails_unless_allowed(workspace, caplog
 
 
 def test_sft_extended_trains_for_grpos_compute_in_token_passes(workspace):
-    from pipeline.config import load_section
-    from pipeline.modeling.models import load_tokenizer
-    from pipeline.rl.grpo import passes_per_token
     from pipeline.data.task_data import gold_rows
+    from pipeline.modeling.models import load_tokenizer
+    from pipeline.orchestration.sections import load_named
+    from pipeline.rl.grpo import passes_per_token
     metrics = json.loads(paths.metrics_file("sft_extended").read_text())
     grpo = json.loads(paths.metrics_file("grpo").read_text())
-    cfg, sft = load_section("grpo"), load_section("sft")
+    cfg, sft = load_named("grpo"), load_named("sft")
     # generation 1 + training 3 (+ the reference's forward 1 with the KL term on) passes per rollout token
     assert passes_per_token(cfg) == (5 if cfg.beta > 0 else 4)
     assert grpo["tokens"] > 0 and grpo["token_passes"] == grpo["tokens"] * passes_per_token(cfg)
@@ -486,10 +487,9 @@ def test_sft_extended_steps_by_hand():
 
 
 def test_dpo_trains_on_pairs_and_passes_through_without_any(workspace, caplog, capsys):
-    from stages import dpo
-
-    from pipeline.data.distill import PAIR_SCHEMA
     from pipeline.core.io import write_rows
+    from pipeline.data.distill import PAIR_SCHEMA
+    from stages import dpo
 
     pairs_file = paths.split_file("pairs", "mine")
     gold = read_rows(paths.split_file("train"))[:8]
@@ -647,8 +647,8 @@ def test_lora_trains_only_adapters_in_sft_grpo_and_dpo_and_evaluate_loads_them(w
     loads the adapter chain."""
     import yaml
 
-    from pipeline.data.distill import PAIR_SCHEMA
     from pipeline.core.io import write_rows
+    from pipeline.data.distill import PAIR_SCHEMA
     from stages import dpo, evaluate, grpo, sft
 
     params = yaml.safe_load(Path("params.yaml").read_text())

@@ -20,9 +20,9 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from pipeline.core import sharding
-from pipeline.training.checkpoints import run_key
 from pipeline.inference.generation import decode, pad
 from pipeline.modeling.models import save_model, train_tokenizer
+from pipeline.training.checkpoints import run_key
 from pipeline.training.trainer import snapshot, weights_changed
 
 NEW_TOKENS = 12

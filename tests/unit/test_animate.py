@@ -10,9 +10,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from pipeline.config import AnimateConfig, ConfigError, SynthesizeConfig, parse_section
+from pipeline.core.io import ConfigError, InputError
+from pipeline.core.params import parse_section
 from pipeline.data.grading import extract_answer, extract_steps, grade
-from pipeline.core.io import InputError
+from pipeline.data.params import AnimateConfig, SynthesizeConfig
 from pipeline.data.video import filters
 from pipeline.data.video.backends import ProceduralBackend, check_backend
 from pipeline.data.video.clips import read_mp4, write_mp4

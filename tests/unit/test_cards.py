@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from pipeline.modeling import cards, chat
-from pipeline.config import BaseModelConfig, PromptConfig, SFTConfig
 from pipeline.modeling.models import build_student, save_model, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig, PromptConfig
+from pipeline.training.params import SFTConfig
 
 
 @pytest.fixture

@@ -8,10 +8,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline.core.io import ConfigError
+from pipeline.core.params import parse_section
 from pipeline.modeling import chat
-from pipeline.config import BaseModelConfig, ConfigError, PromptConfig, TeacherConfig, parse_section
-from pipeline.modeling.models import (BUILT_TEMPLATE, EOS, build_student, check_models, load_tokenizer, save_model,
-                                      train_tokenizer)
+from pipeline.modeling.models import (
+    BUILT_TEMPLATE,
+    EOS,
+    build_student,
+    check_models,
+    load_tokenizer,
+    save_model,
+    train_tokenizer,
+)
+from pipeline.modeling.params import BaseModelConfig, PromptConfig
+from pipeline.training.params import TeacherConfig
 
 CORPUS = ["Tom has 3 apples and buys 4 more. How many?\nStep 1: 3 + 4 = 7.\nAnswer: 7"] * 30
 LLAMA3 = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
@@ -78,7 +88,7 @@ def test_sft_trains_on_the_completion_tokens_of_the_templated_conversation(tok, 
     """TRL renders the conversational example with the same template; the labels are " 7" and EOS alone."""
     from trl import SFTTrainer
 
-    from pipeline.config import TrainConfig
+    from pipeline.training.params import TrainConfig
     from pipeline.training.trainer import prompt_completion_dataset, trainer_args
 
     as_chat()
@@ -125,8 +135,8 @@ def test_prm_spans_point_at_the_steps_after_a_templated_prompt(tok, as_chat):
 
 
 def test_step_search_and_samplers_render_the_prompt(tok, as_chat):
-    from pipeline.inference.generation import LocalSampler
     from pipeline.evaluation.search import StepPolicy
+    from pipeline.inference.generation import LocalSampler
 
     model = build_student(BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

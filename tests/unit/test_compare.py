@@ -124,8 +124,8 @@ class DataIndexDirError(Exception):
 def _quiet_report(monkeypatch, by_rev: dict, recorded: dict | None = None, diff=None, rows=None):
     """`report` with predictions per revision from `by_rev` (absent: DVC's error for a missing output) and every
     table but the comparison stubbed."""
-    from pipeline.evaluation import compare, report
     from pipeline.core import versions
+    from pipeline.evaluation import compare, report
     from pipeline.orchestration import orchestrate
 
     def read(path, rev=None, split="test"):

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import SECTIONS, ConfigError, SFTConfig, load_section
-from pipeline.orchestration.validation import validate_all
+from pipeline.core.io import ConfigError
+from pipeline.core.params import load_section
 from pipeline.orchestration.profiles import defaults
+from pipeline.orchestration.sections import SECTIONS, load_named
+from pipeline.orchestration.validation import validate_all
+from pipeline.training.params import SFTConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +75,7 @@ def test_out_of_range_is_named(tmp_path):
 def test_cross_field_rule(tmp_path):
     path = write(tmp_path, {"synthesize": {"min_categories": 6, "max_categories": 4}})
     with pytest.raises(ConfigError, match=r"synthesize: .*min_categories"):
-        load_section("synthesize", path=path)
+        load_named("synthesize", path)
 
 
 @pytest.mark.parametrize("section, values, message", [
@@ -125,7 +128,7 @@ def test_vllm_with_lora_adapter_folders_is_refused_before_vllm_is_looked_for(tmp
 
 def test_a_missing_section_or_key_is_named(tmp_path):
     path = write(tmp_path, {"base": {"hidden_size": 64}})
-    assert load_section("base", path=path).hidden_size == 64
+    assert load_named("base", path).hidden_size == 64
     params = yaml.safe_load(path.read_text())
     del params["sft"]
     path.write_text(yaml.safe_dump(params))
@@ -159,7 +162,7 @@ def test_a_key_pasted_into_api_key_env_is_refused_and_not_echoed(tmp_path):
     path = write(tmp_path, {"teacher": {"backend": "openai", "base_url": "http://x/v1", "model": "m",
                                         "api_key_env": secret}})
     with pytest.raises(ConfigError) as exc:
-        load_section("teacher", path=path)
+        load_named("teacher", path)
     assert "teacher.api_key_env" in str(exc.value) and secret not in str(exc.value)
 
 
@@ -180,7 +183,7 @@ def test_a_key_pasted_into_api_key_env_is_refused_and_not_echoed(tmp_path):
 def test_teacher_and_distill_params_are_checked(tmp_path, section, values, message):
     path = write(tmp_path, {section: values})
     with pytest.raises(ConfigError, match=message):
-        load_section(section, path=path)
+        load_named(section, path)
 
 
 def test_packing_without_flash_attention_is_refused(tmp_path):
@@ -226,8 +229,9 @@ def test_a_loaded_local_model_folder_is_what_dvc_watches(tmp_path, monkeypatch):
     """`base.model_dependency` / `teacher.model_dependency`: derived from the model, checked when spelled out."""
     from pathlib import Path
 
-    from pipeline.config import (NO_MODEL_DEPENDENCY, BaseModelConfig, TeacherConfig, model_dependency_for,
-                                 parse_section)
+    from pipeline.core.params import parse_section
+    from pipeline.modeling.params import NO_MODEL_DEPENDENCY, BaseModelConfig, model_dependency_for
+    from pipeline.training.params import TeacherConfig
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()

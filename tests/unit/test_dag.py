@@ -8,11 +8,12 @@ the function one other stage calls (`pipeline.training.trainer` imports `pipelin
 PRM trainer alone). tests/e2e/test_repro.py checks those at run time: each stage
 process of its `dvc repro` logs every pipeline file it imported. Prefect plumbing
 (`pipeline/orchestration/flows.py`) and path names (`pipeline/core/paths.py`) decide how and where a
-stage runs, not what it writes, so a change there re-runs nothing. Nor does the
-params schema (`pipeline/config.py`): stages read params.yaml with every key
-spelled out, and tests/unit/test_config.py checks that each section parsed by its
-model is the raw YAML, so what a stage reads is what DVC tracks as its params; a
-field's description or a default can change without making any stage stale.
+stage runs, not what it writes, so a change there re-runs nothing. Nor do the
+params schemas (each room's `params.py`, `pipeline/core/params.py`, and
+`pipeline/orchestration/sections.py` which gathers them): stages read params.yaml
+with every key spelled out, and tests/unit/test_config.py checks that each section
+parsed by its model is the raw YAML, so what a stage reads is what DVC tracks as its
+params; a field's description or a default can change without making any stage stale.
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # Process plumbing that cannot change an output: the fault hooks are inert unless PIPELINE_FAULT is set, the tether
 # only stops a Prefect server, a phase runs its function as a Prefect task or a plain call (the same arithmetic), and
 # `launch` decides how a stage's processes start, not what they compute.
-PLUMBING = {"pipeline/orchestration/flows.py", "pipeline/core/paths.py", "pipeline/config.py", "pipeline/__init__.py",
+PLUMBING = {"pipeline/orchestration/flows.py", "pipeline/core/paths.py", "pipeline/orchestration/sections.py",
+            "pipeline/__init__.py",
             "stages/__init__.py", "pipeline/core/faults.py", "pipeline/core/phases.py", "pipeline/core/processes.py",
             "pipeline/orchestration/tether.py", "pipeline/orchestration/runlock.py", "pipeline/orchestration/launch.py",
-            "pipeline/core/registry.py"}  # names and flags of the stages (its docstring says why)
+            "pipeline/core/registry.py",  # names and flags of the stages (its docstring says why)
+            "pipeline/orchestration/checks.py"}  # checks across params sections: they refuse params, compute nothing
 
 
 def plumbing(path: str) -> bool:
-    """Plumbing, or a sub-package's `__init__.py` that holds only its docstring (importing it runs nothing)."""
-    if path in PLUMBING:
+    """Plumbing, a params schema (`pipeline/<room>/params.py`), or a sub-package's `__init__.py` that holds only its
+    docstring (importing it runs nothing)."""
+    if path in PLUMBING or (path.startswith("pipeline/") and path.endswith("/params.py")):
         return True
     if not path.endswith("/__init__.py"):
         return False

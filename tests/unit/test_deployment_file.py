@@ -7,7 +7,7 @@ import inspect
 import pytest
 import yaml
 
-from pipeline.config import ConfigError
+from pipeline.core.io import ConfigError
 from pipeline.orchestration.schedule import DEPLOYMENT_FILE, load
 from tests.conftest import ROOT
 

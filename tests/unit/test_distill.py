@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from pipeline.data.distill import (
-    contaminated, eval_ngrams, histogram, in_window, is_verified, jaccard, ngrams, outputs, select,
+    contaminated,
+    eval_ngrams,
+    histogram,
+    in_window,
+    is_verified,
+    jaccard,
+    ngrams,
+    outputs,
+    select,
 )
 from pipeline.inference.generation import Generation
 

@@ -6,9 +6,10 @@ import random
 import pytest
 import torch
 
-from pipeline.training import drills
-from pipeline.config import BaseModelConfig, DrillConfig, SynthesizeConfig
+from pipeline.data.params import SynthesizeConfig
 from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig, DrillConfig
+from pipeline.training import drills
 
 HEAD = "Chart: pie. Title: Points by team (pts)."
 ROW = {
@@ -276,7 +277,7 @@ def test_rank_drill_on_a_hand_made_table(monkeypatch):
 
 
 def test_train_rank_drill_trains_reports_and_repeats_exactly():
-    from pipeline.config import RankDrillConfig
+    from pipeline.training.params import RankDrillConfig
 
     synth = SynthesizeConfig()
     texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]
@@ -302,7 +303,7 @@ def test_rank_drill_asks_only_the_ranks_given():
 
 
 def test_train_rank_drill_curriculum_adds_one_rank_a_phase(monkeypatch):
-    from pipeline.config import RankDrillConfig
+    from pipeline.training.params import RankDrillConfig
 
     synth = SynthesizeConfig()
     texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]
@@ -331,7 +332,7 @@ def test_train_rank_drill_curriculum_adds_one_rank_a_phase(monkeypatch):
 
 
 def test_train_rank_drill_replays_gold_rows_beside_the_drills(monkeypatch):
-    from pipeline.config import RankDrillConfig
+    from pipeline.training.params import RankDrillConfig
 
     synth = SynthesizeConfig()
     texts = [drills.rank_drill(random.Random(i), synth)[0] for i in range(60)]

@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.config import ConfigError, GRPOStageConfig
-from pipeline.orchestration.validation import validate_all
+from pipeline.core.io import ConfigError
 from pipeline.inference.engines import local_sampler, require_vllm
 from pipeline.inference.generation import LocalSampler
+from pipeline.orchestration.validation import validate_all
 from pipeline.rl.grpo import GuidedRollout, grpo_args
+from pipeline.rl.params import GRPOStageConfig
 from tests.unit.test_rl import tiny  # noqa: F401  (a module-scoped fixture: a tiny student and its tokenizer)
 
 VLLM_HERE = importlib.util.find_spec("vllm") is not None
@@ -53,14 +54,14 @@ def test_params_validation_refuses_vllm_where_it_is_missing(tmp_path, sets, key,
 
 
 def test_grpo_args_hand_trl_its_vllm_settings(tmp_path, monkeypatch):
-    from pipeline.inference import vllm_server
+    from pipeline.rl import vllm_server
 
     args = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://h:8000",
                                      vllm_gpu_memory_utilization=0.4), [1.0], tmp_path)
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_base_url) == (True, "server", "http://h:8000")
     assert args.vllm_gpu_memory_utilization == 0.4
     assert grpo_args(GRPOStageConfig(), [1.0], tmp_path).use_vllm is False
-    # no URL in the params: the server the stage started (pipeline.inference.vllm_server), as its ranks inherit it
+    # no URL in the params: the server the stage started (pipeline.rl.vllm_server), as its ranks inherit it
     monkeypatch.setenv(vllm_server.URL_ENV, "http://127.0.0.1:4321")
     started = grpo_args(GRPOStageConfig(use_vllm=True, vllm_mode="server"), [1.0], tmp_path)
     assert started.vllm_server_base_url == "http://127.0.0.1:4321"
@@ -70,7 +71,6 @@ def test_grpo_colocated_on_an_adapter_folder_exits_before_loading(tmp_path, monk
     """TRL's colocated engine loads the policy's folder whole: an adapter models/sft (made before, or by a plain
     `dvc repro` that skips params validation) stops the stage naming the folder, exit 2, models/grpo untouched."""
     from stages import grpo
-
     from tests.conftest import TINY_PARAMS, write_params
 
     write_params(tmp_path, {**TINY_PARAMS, "grpo": {**TINY_PARAMS["grpo"], "use_vllm": True}})

@@ -19,7 +19,7 @@ from pipeline.data.cof.explorer import (
     explore,
 )
 from pipeline.data.cof.tables import TableContext, random_table
-from pipeline.config import SynthesizeConfig
+from pipeline.data.params import SynthesizeConfig
 from tests.conftest import FULL_SYNTHESIS
 
 # Multi-series tables of every chart type, so that every function gets explored.

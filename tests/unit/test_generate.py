@@ -6,15 +6,22 @@ from collections import Counter
 
 import pytest
 
+from pipeline.core.io import EXAMPLE_SCHEMA, ConfigError, write_rows
 from pipeline.data.cof import generate
-from pipeline.data.cof.core import FUNCTIONS
-from pipeline.data.cof.generate import (SPLITS, block_count, block_quotas, generate_dataset, more_questions,
-                                        more_train_questions, spread, task_type)
-from pipeline.data.cof.core import parse_held_out
+from pipeline.data.cof.core import FUNCTIONS, parse_held_out
+from pipeline.data.cof.generate import (
+    SPLITS,
+    block_count,
+    block_quotas,
+    generate_dataset,
+    more_questions,
+    more_train_questions,
+    spread,
+    task_type,
+)
 from pipeline.data.cof.tables import random_table
-from pipeline.config import ConfigError, SynthesizeConfig
 from pipeline.data.grading import extract_answer, grade, step_accuracy
-from pipeline.core.io import EXAMPLE_SCHEMA, write_rows
+from pipeline.data.params import SynthesizeConfig
 from tests.conftest import FULL_SYNTHESIS
 
 SMALL = SynthesizeConfig(seed=3, n_train=60, n_val=10, n_test=10, n_ood=10, **FULL_SYNTHESIS)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config import BaseModelConfig
 from pipeline.inference.generation import LocalSampler, decode, generate
 from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
 
 PROMPTS = ["Question: what is 3+4?\n", "Q: 12-5\n", "Question: what is the largest of 2, 9 and 4?\n", "7*8=\n"]
 
@@ -124,13 +124,11 @@ def test_a_blank_line_after_text_ends_a_row_however_the_newlines_are_tokenized()
 
 
 def test_decoding_with_the_blank_line_rule_cuts_each_row_at_its_first_paragraph(tiny):
+    import copy
     import re
 
-    from pipeline.inference.generation import BlankLineStop
-
-    import copy
-
     from pipeline.evaluation.search import newline_ids
+    from pipeline.inference.generation import BlankLineStop
 
     model, tok = tiny
     model = copy.deepcopy(model)

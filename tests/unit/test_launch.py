@@ -20,8 +20,10 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.core import io
+from pipeline.core.io import ConfigError
+from pipeline.modeling.params import LoraConfig
 from pipeline.orchestration import launch
-from pipeline.config import ConfigError, LaunchConfig, LoraConfig
+from pipeline.orchestration.params import LaunchConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = {"ddp.yaml": "MULTI_GPU", "fsdp.yaml": "FSDP", "deepspeed_zero2.yaml": "DEEPSPEED",

@@ -13,10 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 
-# The rooms from the ground up: each may import the rooms below it and never one above. `config` (the params
-# schemas) sits on the ground floor's shoulders because every room reads params; `__main__` (the CLI) is the roof.
-FLOORS = ("core", "config", "data", "modeling", "inference", "prm", "training", "rl", "evaluation", "orchestration",
-          "__main__")
+# The rooms from the ground up: each may import the rooms below it and never one above; `__main__` (the CLI) is the
+# roof. Each room's params schemas (`<room>/params.py`) live on its own floor.
+FLOORS = ("core", "data", "modeling", "inference", "prm", "training", "rl", "evaluation", "orchestration", "__main__")
 LIBRARY = FLOORS[:FLOORS.index("orchestration")]
 
 
@@ -26,7 +25,7 @@ def module_name(path: Path) -> str:
 
 
 def room(module: str) -> str:
-    """`pipeline.data.cof.core` -> data; `pipeline.config` -> config; `pipeline` -> pipeline."""
+    """`pipeline.data.cof.core` -> data; `pipeline.core.params` -> core; `pipeline` -> pipeline."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -118,6 +117,32 @@ def test_the_library_imports_no_orchestration():
     phase decorator and the stage logger they use live on the ground floor (pipeline.core.phases)."""
     wrong = [f"{name} imports {m}, line {line}" for name, edges in graph().items() if room(name) in LIBRARY
              for m, line in edges if room(m) in ("orchestration", "__main__")]
+    assert not wrong, "\n".join(wrong)
+
+
+# What reads params.yaml; only a stage's main (stages/), the orchestrator and the CLI call them, and hand the
+# library its sections (`pipeline.core.params.giving`)
+READERS = {"load_section", "read_params", "read_mapping", "params_path", "read_section", "run_settings"}
+# Library modules that are programs of their own as well: their `main` reads what it serves with
+ENTRY_POINTS = {"pipeline.inference.openai_server"}
+
+
+def reads_params(path: Path) -> list[tuple[str, int]]:
+    """(reader, line) for each name of `READERS` the file uses outside the functions that define them."""
+    tree = ast.parse(path.read_text())
+    defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    return [(node.id if isinstance(node, ast.Name) else node.attr, node.lineno) for node in ast.walk(tree)
+            if (isinstance(node, ast.Name) and node.id in READERS - defined)
+            or (isinstance(node, ast.Attribute) and node.attr in READERS - defined)]
+
+
+def test_the_library_reads_no_params_file():
+    """Each room gets its sections as arguments, or the run-wide ones (the task, the prompt format, model loading,
+    ...) handed over by the stage's `run_stage`: a library call from a test, a bench or a notebook computes with
+    what it is given, never with whatever params.yaml lies in the working directory."""
+    wrong = [f"{name} calls {reader}, line {line}" for name, path in modules().items()
+             if room(name) in LIBRARY and name != "pipeline.core.params" and name not in ENTRY_POINTS
+             for reader, line in reads_params(path)]
     assert not wrong, "\n".join(wrong)
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pipeline.modeling import lora
-from pipeline.config import BaseModelConfig, LoraConfig
 from pipeline.modeling.models import build_student, load_model, load_weights, save_model, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig, LoraConfig
 
 
 @pytest.fixture(scope="module")

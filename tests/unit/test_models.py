@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from pipeline.config import BaseModelConfig
 from pipeline.modeling.models import EOS, PAD, build_student, load_model, load_tokenizer, save_model, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
 
 CORPUS = [
     "Chart: bar. Title: Sales.\n2016: 15 grey | 2017: 7 teal\nQuestion: What is the total?\n"
@@ -124,24 +124,23 @@ def test_a_missing_tokenizer_is_an_error_not_a_second_try(tmp_path, monkeypatch)
 def test_models_load_with_the_dtype_and_attention_of_the_model_section(tmp_path, monkeypatch):
     import torch
 
-    from pipeline.config import BaseModelConfig
+    from pipeline.core.params import giving
     from pipeline.modeling.models import build_student, load_kwargs, load_model, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig, ModelLoadConfig
 
     tok = train_tokenizer(["a 12 b 34 c"] * 20, 300)
     cfg = BaseModelConfig(seed=0, vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     save_model(build_student(cfg, tok), tok, tmp_path / "m")
-    params = tmp_path / "params.yaml"
-    params.write_text("model: {dtype: bfloat16, attn_implementation: eager}\n")
-    monkeypatch.setenv("PIPELINE_PARAMS", str(params))
-    assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager", "use_safetensors": True,
-                             "trust_remote_code": False}
-    model, _ = load_model(tmp_path / "m", device="cpu")
-    assert next(model.parameters()).dtype == torch.bfloat16
-    assert model.config._attn_implementation == "eager"
-    assert next(load_model(tmp_path / "m", dtype=torch.float32, device="cpu")[0].parameters()).dtype == torch.float32
-    monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
-    # no params file: float32, transformers' attention
+    with giving(ModelLoadConfig(dtype="bfloat16", attn_implementation="eager")):  # as a stage hands `model` over
+        assert load_kwargs() == {"dtype": torch.bfloat16, "attn_implementation": "eager", "use_safetensors": True,
+                                 "trust_remote_code": False}
+        model, _ = load_model(tmp_path / "m", device="cpu")
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert model.config._attn_implementation == "eager"
+        assert next(load_model(tmp_path / "m", dtype=torch.float32, device="cpu")[0].parameters()).dtype == \
+            torch.float32
+    # nothing handed over: the schema's defaults, float32 and transformers' attention
     assert load_kwargs() == {"dtype": torch.float32, "use_safetensors": True, "trust_remote_code": False}
 
 
@@ -190,7 +189,9 @@ def test_a_damaged_local_model_is_named_before_it_samples_nonsense(tmp_path, mon
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("flash_attn") is not None, reason="flash-attn installed")
 def test_flash_attention_without_its_package_is_refused_at_validation():
-    from pipeline.config import ConfigError, ModelLoadConfig, check_attention
+    from pipeline.core.io import ConfigError
+    from pipeline.modeling.params import ModelLoadConfig
+    from pipeline.orchestration.checks import check_attention
 
     for fine in (None, "sdpa", "eager"):
         check_attention(ModelLoadConfig(attn_implementation=fine))

@@ -12,9 +12,10 @@ import zipfile
 
 import pytest
 
-from pipeline.modeling import pretrained
-from pipeline.config import BaseModelConfig, is_local
 from pipeline.core.io import InputError
+from pipeline.core.params import is_local
+from pipeline.modeling import pretrained
+from pipeline.modeling.params import BaseModelConfig
 
 SMOLLM2 = pretrained.KNOWN["smollm2"]
 

@@ -13,9 +13,28 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from pipeline.core.io import InputError
 from pipeline.modeling.models import train_tokenizer
 from pipeline.prm.model import (
-    EMPTY_SCORE, PRM_MARK, PRMScorer, aggregate, auroc, calibration, check_tokenizer, collate, encode,
-    expected_calibration_error, line_log_probs, shared_prefix, token_verdicts, line_labels, log_boost, prm_from_policy,
-    pair_loss, path_outcome, plain_lm_head, prm_loss, scored_lines, token_logits,
+    EMPTY_SCORE,
+    PRM_MARK,
+    PRMScorer,
+    aggregate,
+    auroc,
+    calibration,
+    check_tokenizer,
+    collate,
+    encode,
+    expected_calibration_error,
+    line_labels,
+    line_log_probs,
+    log_boost,
+    pair_loss,
+    path_outcome,
+    plain_lm_head,
+    prm_from_policy,
+    prm_loss,
+    scored_lines,
+    shared_prefix,
+    token_logits,
+    token_verdicts,
 )
 
 ROW = {
@@ -485,7 +504,7 @@ def test_a_deeper_prm_starts_as_the_policy_and_round_trips(tokenizer, prm, tmp_p
 def test_prm_train_batches_paths_of_one_length_when_asked(tmp_path, monkeypatch, tokenizer, prm, grouped):
     """`prm.group_by_length`: transformers' length-grouped sampler over the features' `length` (less padding)."""
     import pipeline.prm.model
-    from pipeline.config import PRMConfig
+    from pipeline.prm.params import PRMConfig
     from pipeline.training.trainer import prm_train
 
     short, long = ["Step 1: The value is 3.", "Answer: No"], scored_lines(RIGHT)

@@ -2,7 +2,7 @@
 
 The resolved params of every profile are committed (tests/unit/resolved/<name>.yaml,
 written by `python -m pipeline params --profile NAME`): a change to a default in
-pipeline/config.py that reaches a profile fails here until the expected file is
+pipeline/<room>/params.py that reaches a profile fails here until the expected file is
 regenerated on purpose, so `research` keeps reproducing the numbers it was run with.
 """
 
@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.orchestration import profiles
-from pipeline.config import SECTIONS, ConfigError, load_section
-from pipeline.orchestration.validation import validate_all
+from pipeline.core.io import ConfigError
 from pipeline.modeling.pretrained import known_folder
+from pipeline.orchestration import profiles
+from pipeline.orchestration.sections import SECTIONS, load_named
+from pipeline.orchestration.validation import validate_all
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOLVED = Path(__file__).parent / "resolved"
@@ -38,8 +39,8 @@ def example_sets(name: str, value: object = "example") -> list[str]:
 
 def saved_model(folder: Path) -> Path:
     """A tiny built student saved in Hugging Face format, with the chat template a built tokenizer carries."""
-    from pipeline.config import BaseModelConfig
     from pipeline.modeling.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     tokenizer = train_tokenizer(["Question: 1 + 2?\n#### 3"] * 20, 280)
     cfg = BaseModelConfig(seed=0, vocab_size=280, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -220,7 +221,7 @@ def test_stages_refuse_a_params_file_with_a_key_left_out(tmp_path):
     del params["sft"]["logging_steps"], params["sft"]["rank_drill"]["steps"]
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(ConfigError, match=r"sft.logging_steps, sft.rank_drill.steps: missing"):
-        load_section("sft", path=path)
+        load_named("sft", path)
 
 
 def test_section_models_are_the_whole_schema():

@@ -77,9 +77,9 @@ def test_the_load_a_model_lines_run_as_written_and_show_what_they_return(tmp_pat
     per prompt of a score per scored line."""
     import torch
 
-    from pipeline.config import BaseModelConfig
     from pipeline.inference.generation import Generation
     from pipeline.modeling.models import build_student, save_model, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
     from pipeline.prm.model import prm_from_policy
 
     (row,) = [line for line in README.read_text().splitlines() if line.startswith(LOAD_ROW)]

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import SECTIONS, LoraConfig, PRMDataConfig, TrainingStage
 from pipeline.core.registry import BY_NAME, EVALUATED, LORA_STAGES, STAGES, STUDENTS, TRAINING_STAGES
 from pipeline.modeling.cards import WHAT
+from pipeline.modeling.params import LoraConfig
+from pipeline.orchestration.params import TrainingStage
+from pipeline.orchestration.sections import SECTIONS
+from pipeline.prm.params import PRMDataConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG = yaml.safe_load((ROOT / "dvc.yaml").read_text())

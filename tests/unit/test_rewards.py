@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from pipeline.config import ConfigError, RewardsConfig, parse_section
+from pipeline.core.io import ConfigError
+from pipeline.core.params import parse_section
+from pipeline.rl.params import RewardsConfig
 from pipeline.rl.rewards import REWARDS, build_rewards, total_reward
 
 GOOD = "Step 1: Select the 2019 point: 2019 16.\nStep 2: Its value is 16.\nStep 3: 2 * 16 = 32.\nAnswer: 32"

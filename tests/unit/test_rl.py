@@ -9,12 +9,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.config import BaseModelConfig, GRPOStageConfig, MineConfig
 from pipeline.data.distill import QuestionResult
-from pipeline.evaluation.metrics import majority_vote, pass_at_k, sampled_metrics
 from pipeline.data.mining import bucket, policy_pairs, rl_set
+from pipeline.data.params import MineConfig
+from pipeline.evaluation.metrics import majority_vote, pass_at_k, sampled_metrics
 from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
 from pipeline.rl.grpo import GuidedRollout, grpo_args, success_amplification
+from pipeline.rl.params import GRPOStageConfig
 from pipeline.rl.tbrm import TBRMTrainer
 
 
@@ -170,9 +172,9 @@ def test_tbrm_loss_is_the_squared_trajectory_residual(tiny):
 
 def test_tbrm_reference_stays_frozen_while_the_policy_moves(tiny, tmp_path):
     """The reference must not share the policy's (TRL-patched) forward: else every log ratio is 0."""
-    from pipeline.config import RewardsConfig
-    from pipeline.rl.rewards import build_rewards
     from pipeline.rl.grpo import rl_dataset
+    from pipeline.rl.params import RewardsConfig
+    from pipeline.rl.rewards import build_rewards
 
     model, tok = tiny
     rows = [{"id": f"q{a}", "prompt": f"Q{a}\n", "answer": str(a + 1), "answer_type": "number",

@@ -6,12 +6,28 @@ import math
 
 import pytest
 
-from pipeline.config import DecodingConfig
 from pipeline.evaluation.decoding import (
-    Decoder, ceilings, faithfulness_probes, inconsistency, paired_difference, reversed_trend, swapped,
+    Decoder,
+    ceilings,
+    faithfulness_probes,
+    inconsistency,
+    paired_difference,
+    reversed_trend,
+    swapped,
 )
+from pipeline.evaluation.params import DecodingConfig
 from pipeline.evaluation.search import (
-    Line, Node, backpropagate, beam_search, best_terminal, mcts, newline_ids, prefix, prm_mcts, select, tree_paths,
+    Line,
+    Node,
+    backpropagate,
+    beam_search,
+    best_terminal,
+    mcts,
+    newline_ids,
+    prefix,
+    prm_mcts,
+    select,
+    tree_paths,
     ucb,
 )
 
@@ -388,9 +404,9 @@ def test_mcts_labels_paragraph_paths_as_the_prm_reads_them(paragraphs):
 def test_the_step_policy_samples_whole_paragraphs_on_a_tiny_model(paragraphs):
     import torch
 
-    from pipeline.config import BaseModelConfig
-    from pipeline.modeling.models import build_student, train_tokenizer
     from pipeline.evaluation.search import StepPolicy
+    from pipeline.modeling.models import build_student, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     texts = [f"{a} + {b} = {a + b}\nso {a + b}.\n\n#### {a + b}" for a in range(10) for b in range(10)]
     tok = train_tokenizer(texts, 200)

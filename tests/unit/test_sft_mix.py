@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pipeline.core import paths
-from pipeline.config import SFTConfig, SynthesizeConfig
 from pipeline.core.io import write_rows
+from pipeline.data.params import SynthesizeConfig
+from pipeline.training.params import SFTConfig
 
 
 def _questions(tmp_path, n: int) -> None:
@@ -43,7 +44,7 @@ def test_mix_reaches_phase_1_only(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import pipeline.inference.teacher
-    from pipeline.config import DistillConfig
+    from pipeline.data.params import DistillConfig
     from stages import sft
 
     monkeypatch.chdir(tmp_path)

@@ -60,9 +60,9 @@ def test_a_one_step_path_needs_no_rollouts_and_zero_rollouts_are_refused():
 def test_the_step_policy_samples_n_reproducible_continuations():
     import torch
 
-    from pipeline.config import BaseModelConfig
-    from pipeline.modeling.models import build_student, train_tokenizer
     from pipeline.evaluation.search import StepPolicy
+    from pipeline.modeling.models import build_student, train_tokenizer
+    from pipeline.modeling.params import BaseModelConfig
 
     texts = [f"{a} + {b} = {a + b}\n#### {a + b}" for a in range(10) for b in range(10)]
     tok = train_tokenizer(texts, 200)

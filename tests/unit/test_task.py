@@ -3,10 +3,14 @@ completions; and the `task` params section's checks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from pipeline.core.io import ConfigError
+from pipeline.core.params import parse_section
 from pipeline.data import task as tasks
-from pipeline.config import NO_DATA_DEPENDENCY, ConfigError, TaskConfig, parse_section
+from pipeline.data.params import NO_DATA_DEPENDENCY, TaskConfig
 from pipeline.data.task import COF, Task
 
 GSM8K = Task("dataset", "gsm8k", "math_verify", "line")
@@ -61,12 +65,19 @@ def test_non_text_completions_are_wrong_not_errors():
         assert not task.is_correct(None, "5", "number")
 
 
-def test_active_follows_use_and_falls_back_to_params(monkeypatch, tmp_path):
-    monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
+def test_active_follows_use_then_the_section_handed_over(monkeypatch, tmp_path):
+    from pipeline.core.params import giving
+
+    monkeypatch.chdir(tmp_path)
+    Path("params.yaml").write_text("task: {grader: exact}\n")  # the library never reads it: a stage hands it over
+    exact = Task("cof", "answer_line", "exact", "line")
     try:
-        assert tasks.active() == COF  # no params file: the chart task
-        tasks.use(GSM8K)
-        assert tasks.active() == GSM8K
+        assert tasks.active() == COF  # nothing handed over: the chart task
+        with giving(TaskConfig(grader="exact")):
+            assert tasks.active() == exact
+            assert tasks.active() is tasks.active()  # built once per section handed over
+            tasks.use(LAST)
+            assert tasks.active() == LAST
     finally:
         tasks.use(None)
     assert tasks.active() == COF
@@ -104,7 +115,8 @@ def test_last_number_steps_state_answers_but_only_eos_ends_a_search_path():
 
 
 def test_the_task_must_fit_the_prm_params():
-    from pipeline.config import PRMConfig, check_task_fit
+    from pipeline.orchestration.checks import check_task_fit
+    from pipeline.prm.params import PRMConfig
 
     dataset = TaskConfig(kind="dataset", dataset={"path": "openai/gsm8k"})
     with pytest.raises(ConfigError, match="prm.sources: gold labels need the chart task"):
@@ -117,7 +129,8 @@ def test_the_task_must_fit_the_prm_params():
 
 def test_the_task_must_fit_the_rewards():
     """step_correctness would score nothing on a dataset task (no gold step values): refused, with what to set."""
-    from pipeline.config import RewardsConfig, check_task_fit
+    from pipeline.orchestration.checks import check_task_fit
+    from pipeline.rl.params import RewardsConfig
 
     dataset = TaskConfig(kind="dataset", dataset={"path": "openai/gsm8k"})
     with pytest.raises(ConfigError, match=r"rewards.weights: step_correctness matches the chart task's gold step "
@@ -132,7 +145,9 @@ def test_the_task_must_fit_the_rewards():
 def test_a_local_dataset_that_is_not_there_fails_validation(tmp_path, monkeypatch):
     """DVC watches a local dataset (task.data_dependency): missing, `dvc repro` would fail on it after deleting
     the data stage's outputs, so validation names it first. A Hub id is not a path, and a present one passes."""
-    from pipeline.config import PRMConfig, check_task_fit, data_dependency_for
+    from pipeline.data.params import data_dependency_for
+    from pipeline.orchestration.checks import check_task_fit
+    from pipeline.prm.params import PRMConfig
 
     def task(path: str) -> TaskConfig:
         return TaskConfig(kind="dataset", dataset={"path": path}, data_dependency=data_dependency_for(path))

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from pipeline.config import ConfigError, DatasetConfig, parse_section
-from pipeline.core.io import InputError
+from pipeline.core.io import ConfigError, InputError
+from pipeline.core.params import parse_section
+from pipeline.data.params import DatasetConfig
 from pipeline.data.task_data import extract_gold, read_task_dataset, split_steps
 
 GSM8K_ROWS = [
@@ -210,7 +211,7 @@ def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
     with pytest.raises(InputError, match="no such file or folder"):
         read_task_dataset(DatasetConfig(path=str(tmp_path / "absent.jsonl")))
     # huggingface_hub reads HF_HUB_OFFLINE when imported: a fresh process, as a stage would be.
-    code = ("from pipeline.config import DatasetConfig\nfrom pipeline.data.task_data import read_task_dataset\n"
+    code = ("from pipeline.data.params import DatasetConfig\nfrom pipeline.data.task_data import read_task_dataset\n"
             "read_task_dataset(DatasetConfig(path='nobody/no-such-dataset'))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -220,8 +221,8 @@ def test_a_missing_path_and_an_offline_hub_id_fail_clearly(tmp_path):
 
 
 def test_the_data_stage_writes_the_contract_with_sft_targets_and_a_quarantine(tmp_path, monkeypatch):
-    from pipeline.config import TaskConfig
     from pipeline.core.io import read_rows
+    from pipeline.data.params import TaskConfig
     from stages import synthesize
 
     folder = tmp_path / "ds"

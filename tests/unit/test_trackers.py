@@ -9,11 +9,13 @@ import pytest
 import yaml
 from transformers import TrainerCallback
 
-from pipeline.training import checkpoints, trackers
-from pipeline.core import phases
-from pipeline.config import SECTIONS, TRACKERS, ConfigError, parse_section
-from pipeline.core.io import live_atomic_dir
+from pipeline.core import params, phases
+from pipeline.core.io import ConfigError, live_atomic_dir
+from pipeline.core.params import parse_section
 from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.orchestration.sections import SECTIONS
+from pipeline.training import checkpoints, trackers
+from pipeline.training.params import TRACKERS, TrackingConfig
 from pipeline.training.trainer import PLACE_ARGS, sft_train
 
 PROMPT, COMPLETION = "Tom has 3 apples and buys 4 more. How many?\n", "Step 1: 3 + 4 = 7.\nAnswer: 7"
@@ -75,11 +77,12 @@ def column(tsv: Path) -> list[float]:
 
 def test_a_tiny_sft_with_tensorboard_writes_the_scalars_dvclive_writes_as_it_trains(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
-    from pipeline.config import BaseModelConfig, TrainConfig
+    from pipeline.modeling.params import BaseModelConfig
+    from pipeline.training.params import TrainConfig
 
     monkeypatch.chdir(tmp_path)
-    Path("params.yaml").write_text(yaml.safe_dump({"tracking": {"report_to": ["tensorboard"], "logging_dir": "runs"}}))
-    monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "params.yaml"))
+    monkeypatch.setattr(params, "_given", {**params._given})  # taken back after the test
+    params.give(TrackingConfig(report_to=["tensorboard"], logging_dir="runs"))  # as run_stage hands it over
     monkeypatch.delenv(trackers.TENSORBOARD_DIR, raising=False)
     monkeypatch.setattr(phases, "current_stage", "sft")
     tok = train_tokenizer([PROMPT + COMPLETION] * 30, 300)
@@ -116,7 +119,6 @@ def test_a_tiny_sft_with_tensorboard_writes_the_scalars_dvclive_writes_as_it_tra
 
 
 def test_without_trackers_the_trainers_report_to_none(tmp_path, monkeypatch):
-    monkeypatch.setenv("PIPELINE_PARAMS", str(tmp_path / "absent.yaml"))
     assert trackers.arguments(tmp_path / "plots" / "sft") == {"report_to": "none"}
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from trl import SFTTrainer
 
-from pipeline.config import BaseModelConfig, TrainConfig
 from pipeline.modeling.models import build_student, train_tokenizer
+from pipeline.modeling.params import BaseModelConfig
+from pipeline.training.params import TrainConfig
 from pipeline.training.trainer import PlainHeadSFTTrainer, prompt_completion_dataset, trainer_args
 
 PROMPT, COMPLETION = "Tom has 3 apples and buys 4 more. How many?\n", "Step 1: 3 + 4 = 7.\nAnswer: 7"

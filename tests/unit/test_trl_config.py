@@ -9,9 +9,13 @@ import sys
 import pytest
 import yaml
 
-from pipeline.config import (ConfigError, DPOStageConfig, GRPOStageConfig, PRMConfig, TrainConfig, load_section,
-                             parse_section)
+from pipeline.core.io import ConfigError
+from pipeline.core.params import parse_section
+from pipeline.orchestration.sections import load_named
+from pipeline.prm.params import PRMConfig
 from pipeline.rl.grpo import grpo_args
+from pipeline.rl.params import DPOStageConfig, GRPOStageConfig
+from pipeline.training.params import TrainConfig
 from pipeline.training.trainer import dpo_args, prm_args, trainer_args
 from tests.conftest import ROOT, TINY_PARAMS, write_params
 
@@ -46,7 +50,7 @@ def test_trl_args_pass_any_other_option_of_the_stages_trl_config(tmp_path):
 def test_an_unknown_or_owned_trl_arg_is_bad_params_naming_it(section, trl_args, message):
     raw = {**TINY_PARAMS[section], "trl_args": trl_args}
     with pytest.raises(ConfigError, match=message):
-        parse_section(section, load_section(section).__class__, raw)
+        parse_section(section, load_named(section).__class__, raw)
 
 
 def test_an_option_the_stage_sets_itself_is_refused_when_the_run_is_built(tmp_path):

@@ -10,9 +10,9 @@ from pipeline.data.cof.core import FUNCTIONS, Reject
 from pipeline.data.cof.explorer import Step, explore
 from pipeline.data.cof.tables import TableContext, random_table
 from pipeline.data.cof.verbalize import format_prompt, verbalize
-from pipeline.config import SynthesizeConfig
-from tests.conftest import FULL_SYNTHESIS
 from pipeline.data.grading import STEP_SEPARATORS, extract_answer, extract_steps, grade, step_accuracy, step_value
+from pipeline.data.params import SynthesizeConfig
+from tests.conftest import FULL_SYNTHESIS
 
 SALES = {
     "chart_type": "grouped_bar", "title": "Monthly sales", "unit": "k$", "categories": ["Jan", "Feb", "Mar", "Apr"],

@@ -1,4 +1,4 @@
-"""The vLLM server the grpo stage starts itself (pipeline/inference/vllm_server.py): its lifecycle on a real HTTP server
+"""The vLLM server the grpo stage starts itself (pipeline/rl/vllm_server.py): its lifecycle on a real HTTP server
 started on loopback (a stand-in for `vllm serve`, which needs CUDA: the server's own side runs only on a machine
 with two GPUs or more), the GPUs it takes, the command TRL builds for it, and the refusals."""
 
@@ -10,9 +10,10 @@ import urllib.request
 
 import pytest
 
-from pipeline.inference import vllm_server
-from pipeline.config import ConfigError, GRPOStageConfig, ModelLoadConfig
-from pipeline.core.io import InputError, StageFailed
+from pipeline.core.io import ConfigError, InputError, StageFailed
+from pipeline.modeling.params import ModelLoadConfig
+from pipeline.rl import vllm_server
+from pipeline.rl.params import GRPOStageConfig
 
 SERVER = """
 import http.server, sys, time

@@ -6,9 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from pipeline.config import DatasetConfig
+from pipeline.data.params import DatasetConfig
 from pipeline.data.task_data import read_task_dataset
-from pipeline.data.wordproblems import FRAMES, TEST_FRAMES, TRAIN_FRAMES, MAX_VALUE, write
+from pipeline.data.wordproblems import FRAMES, MAX_VALUE, TEST_FRAMES, TRAIN_FRAMES, write
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "gsm8k"

@@ -43,7 +43,7 @@ from pipeline.data.cof.core import FUNCTIONS, Reject, parse_held_out
 from pipeline.data.cof.explorer import Step, explore
 from pipeline.data.cof.tables import TableContext, random_table
 from pipeline.data.cof.verbalize import format_prompt, verbalize
-from pipeline.config import SynthesizeConfig
+from pipeline.data.params import SynthesizeConfig
 
 SPLITS = ("train", "val", "test", "ood")
 IN_DOMAIN = ("train", "val", "test")

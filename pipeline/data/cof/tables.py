@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from pipeline.config import SynthesizeConfig
+from pipeline.data.params import SynthesizeConfig
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")

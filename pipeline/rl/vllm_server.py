@@ -25,9 +25,14 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import PARAMS_FILE, ConfigError, GRPOStageConfig, ModelLoadConfig
-from pipeline.core.io import InputError, StageFailed
+from pipeline.core.io import ConfigError, InputError, StageFailed
+from pipeline.core.params import PARAMS_FILE
+
+if TYPE_CHECKING:  # the sections it serves: GRPO's (the rl room, above) and how models load
+    from pipeline.modeling.params import ModelLoadConfig
+    from pipeline.rl.params import GRPOStageConfig
 
 URL_ENV = "PIPELINE_VLLM_SERVER_URL"  # the started server's URL, for the trainer (grpo_args) and the ranks
 HOST = "127.0.0.1"
