@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.imports import pipeline_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 # Process plumbing that cannot change an output: the fault hooks are inert unless PIPELINE_FAULT is set, the tether
 # only stops a Prefect server, a phase runs its function as a Prefect task or a plain call (the same arithmetic), and
@@ -63,15 +65,10 @@ def module_file(name: str) -> Path | None:
 def module_imports(path: Path) -> set[str]:
     """Absolute imports of `pipeline` modules at the top level of a file (`from pipeline.x import y` may be a
     module y)."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    names = {name for module, imported, _ in pipeline_imports(path, top_level=True)
+             for name in (module, *(f"{module}.{n}" for n in imported))}
     # Importing pipeline.data.cof.tables runs pipeline/data/cof/__init__.py first.
-    names |= {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 1)}
-    return {n for n in names if n.split(".")[0] == "pipeline"}
+    return names | {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 1)}
 
 
 def imported_files(start: Path) -> set[str]:

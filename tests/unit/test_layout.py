@@ -10,6 +10,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.imports import pipeline_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 
@@ -37,18 +39,10 @@ def modules() -> dict[str, Path]:
 def imports(path: Path, known: dict[str, Path]) -> list[tuple[str, int]]:
     """(imported pipeline module, line) for each import in the file that runs; `from a import b` names module a.b
     when b is one."""
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in
-                   ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt)}
     out = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "pipeline"]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "pipeline":
-            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
-            out += [(m, node.lineno) for m in subs] or [(node.module, node.lineno)]
+    for module, names, line in pipeline_imports(path):
+        subs = [f"{module}.{name}" for name in names if f"{module}.{name}" in known]
+        out += [(m, line) for m in subs] or [(module, line)]
     return out
 
 
@@ -134,6 +128,15 @@ def reads_params(path: Path) -> list[tuple[str, int]]:
     return [(node.id if isinstance(node, ast.Name) else node.attr, node.lineno) for node in ast.walk(tree)
             if (isinstance(node, ast.Name) and node.id in READERS - defined)
             or (isinstance(node, ast.Attribute) and node.attr in READERS - defined)]
+
+
+def test_params_readers_are_found(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from pipeline.core import params\nfrom pipeline.core.params import load_section, given\n\n"
+                     "def f():\n    return params.read_params(), given(int), load_section('x', int)\n")
+    assert sorted(reads_params(probe)) == [("load_section", 5), ("read_params", 5)]  # given() is no reader
+    probe.write_text("def load_section(name):\n    return name\n\nload_section('x')\n")  # its own, not a reader
+    assert reads_params(probe) == []
 
 
 def test_the_library_reads_no_params_file():
