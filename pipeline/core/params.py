@@ -16,7 +16,7 @@ import typing
 from collections.abc import Iterator
 from functools import reduce
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -137,6 +137,19 @@ def check_trl_args(value: dict[str, Any], target: str, own: typing.Iterable[str]
     if owned := sorted(set(value) & set(own)):
         raise ValueError(f"{owned[0]}: a key of this section itself; set it there")
     return value
+
+
+class TRLSection(Section):
+    """A section that one TRL (or transformers) config class runs, `TRL_CONFIG` ("module:Class"): its `trl_args`
+    field (`trl_args_field(TRL_CONFIG)`, declared where params.yaml shows it) takes any other option of that class,
+    checked when the params are read."""
+
+    TRL_CONFIG: ClassVar[str]
+
+    @field_validator("trl_args", check_fields=False)
+    @classmethod
+    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_trl_args(value, cls.TRL_CONFIG, cls.model_fields)
 
 
 def trl_args_field(target: str) -> Any:

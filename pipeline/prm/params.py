@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from pipeline.core.params import Scheduler, Section, check_trl_args, trl_args_field
+from pipeline.core.params import Scheduler, Section, TRLSection, trl_args_field
 from pipeline.core.registry import EVALUATED
 
 
@@ -44,8 +44,10 @@ class PRMDataConfig(Section):
     max_steps: int = Field(8, ge=1, description="lines below the root before a path counts as terminal")
 
 
-class PRMConfig(Section):
+class PRMConfig(TRLSection):
     """`prm`: the process reward model, the policy's LM read as a verdict on every token of a line."""
+
+    TRL_CONFIG = "transformers:TrainingArguments"
 
     seed: int = Field(0, ge=0, description="RNG seed for the data order")
     sources: list[Literal["gold", "mcts", "mc"]] = Field(
@@ -76,9 +78,4 @@ class PRMConfig(Section):
     max_length: int = Field(512, ge=16, description="paths longer than this many tokens are left out (counted)")
     logging_steps: int = Field(20, ge=1, description="log the training loss every N steps")
     batch_size: int = Field(64, ge=1, description="paths scored together when measuring held-out AUROC")
-    trl_args: dict[str, Any] = trl_args_field("transformers:TrainingArguments")
-
-    @field_validator("trl_args")
-    @classmethod
-    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_trl_args(value, "transformers:TrainingArguments", cls.model_fields)
+    trl_args: dict[str, Any] = trl_args_field(TRL_CONFIG)

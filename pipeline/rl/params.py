@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
-from pipeline.core.params import Scheduler, Section, check_trl_args, trl_args_field
+from pipeline.core.params import Scheduler, Section, TRLSection, trl_args_field
 
 RewardName = Literal[
     "accuracy", "format", "step_correctness", "dpa", "rule_shaping", "cosine", "repetition", "overlong", "no_thinking"
@@ -110,8 +110,10 @@ class RewardsConfig(Section):
         return self
 
 
-class GRPOStageConfig(Section):
+class GRPOStageConfig(TRLSection):
     """`grpo`: RL on the mined set with TRL's GRPOTrainer (or TBRM), rewards from the `rewards` section."""
+
+    TRL_CONFIG = "trl:GRPOConfig"
 
     seed: int = Field(0, ge=0, description="RNG seed for data order and sampling")
     init: Literal["sft", "base"] = Field(
@@ -163,12 +165,7 @@ class GRPOStageConfig(Section):
                                                "(weights and KV cache): of the shared GPU colocated, of each of its "
                                                "own started as a server")
 
-    trl_args: dict[str, Any] = trl_args_field("trl:GRPOConfig")
-
-    @field_validator("trl_args")
-    @classmethod
-    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_trl_args(value, "trl:GRPOConfig", cls.model_fields)
+    trl_args: dict[str, Any] = trl_args_field(TRL_CONFIG)
 
     @model_validator(mode="after")
     def _replay(self) -> "GRPOStageConfig":
@@ -177,8 +174,10 @@ class GRPOStageConfig(Section):
         return self
 
 
-class DPOStageConfig(Section):
+class DPOStageConfig(TRLSection):
     """`dpo`: TRL's DPOTrainer from the SFT model on preference pairs (correct vs incorrect trace)."""
+
+    TRL_CONFIG = "trl:DPOConfig"
 
     seed: int = Field(0, ge=0, description="RNG seed for data order")
     pairs: Literal["mine", "distill", "both"] = Field(
@@ -198,9 +197,4 @@ class DPOStageConfig(Section):
     logging_steps: int = Field(10, ge=1)
     allow_no_update: bool = Field(False, description="publish models/dpo even when its steps left every weight as "
                                   "it was; false: the stage fails, saying so")
-    trl_args: dict[str, Any] = trl_args_field("trl:DPOConfig")
-
-    @field_validator("trl_args")
-    @classmethod
-    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_trl_args(value, "trl:DPOConfig", cls.model_fields)
+    trl_args: dict[str, Any] = trl_args_field(TRL_CONFIG)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.core.params import Scheduler, Section, check_trl_args, trl_args_field
+from pipeline.core.params import Scheduler, Section, TRLSection, trl_args_field
 from pipeline.modeling.params import NO_MODEL_DEPENDENCY, check_heads, derive_model_dependency
 
 
@@ -32,8 +32,10 @@ class RankDrillConfig(Section):
                           "of the list at random reads about 0.29)")
 
 
-class TrainConfig(Section):
+class TrainConfig(TRLSection):
     """Hyperparameters of one TRL SFTTrainer run (loss on the completion only); shared by `sft` and `teacher.train`."""
+
+    TRL_CONFIG = "trl:SFTConfig"
 
     seed: int = Field(0, ge=0, description="RNG seed for data order and dropout")
     learning_rate: float = Field(3e-3, gt=0, lt=1, description="peak learning rate")
@@ -62,12 +64,7 @@ class TrainConfig(Section):
     eval_steps: int = Field(100, ge=1, description="evaluate validation loss every N steps")
     logging_steps: int = Field(20, ge=1, description="log training loss every N steps")
 
-    trl_args: dict[str, Any] = trl_args_field("trl:SFTConfig")
-
-    @field_validator("trl_args")
-    @classmethod
-    def _trl_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return check_trl_args(value, "trl:SFTConfig", cls.model_fields)
+    trl_args: dict[str, Any] = trl_args_field(TRL_CONFIG)
 
     @field_validator("max_steps")
     @classmethod

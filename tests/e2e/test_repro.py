@@ -123,27 +123,30 @@ def test_every_model_folder_loads_through_auto_classes_as_the_pipeline_loads_it(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.core.io import read_rows
+    from pipeline.core.params import giving
     from pipeline.modeling.models import load_model
+    from pipeline.orchestration.sections import read_section
 
-    monkeypatch.chdir(repo)  # the loader reads params.yaml's `model` section
-    rows = read_rows(repo / "data/synthesize/test.parquet")[:4]
-    texts = [r["prompt"] + r["rationale"] for r in rows]
-    folders = sorted(p.parent for p in (repo / "models").glob("*/config.json"))
-    assert [f.name for f in folders] == ["base", "dpo", "grpo", "prm", "sft", "sft_extended", "teacher"]
-    for folder in folders:
-        model, tokenizer = load_model(folder, device="cpu")
-        auto_tok = AutoTokenizer.from_pretrained(str(folder))
-        auto = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-        ours = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        assert auto_tok(texts, add_special_tokens=False)["input_ids"] == ours, folder.name
-        assert auto_tok.padding_side == "left" and auto_tok.eos_token_id == tokenizer.eos_token_id, folder.name
-        with torch.no_grad():
-            for ids in ours:
-                batch = torch.tensor([ids])
-                assert torch.allclose(auto(batch).logits, model(batch).logits, atol=1e-5), folder.name
-        card = (folder / "README.md").read_text()
-        assert f"# models/{folder.name}" in card and "AutoTokenizer.from_pretrained" in card, folder.name
-        assert "prompt format | raw" in card and "seed" in card and "seconds" not in card, folder.name
+    monkeypatch.chdir(repo)
+    with giving(read_section("model")):  # the loader takes params.yaml's `model` section, as a stage is handed it
+        rows = read_rows(repo / "data/synthesize/test.parquet")[:4]
+        texts = [r["prompt"] + r["rationale"] for r in rows]
+        folders = sorted(p.parent for p in (repo / "models").glob("*/config.json"))
+        assert [f.name for f in folders] == ["base", "dpo", "grpo", "prm", "sft", "sft_extended", "teacher"]
+        for folder in folders:
+            model, tokenizer = load_model(folder, device="cpu")
+            auto_tok = AutoTokenizer.from_pretrained(str(folder))
+            auto = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+            ours = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            assert auto_tok(texts, add_special_tokens=False)["input_ids"] == ours, folder.name
+            assert auto_tok.padding_side == "left" and auto_tok.eos_token_id == tokenizer.eos_token_id, folder.name
+            with torch.no_grad():
+                for ids in ours:
+                    batch = torch.tensor([ids])
+                    assert torch.allclose(auto(batch).logits, model(batch).logits, atol=1e-5), folder.name
+            card = (folder / "README.md").read_text()
+            assert f"# models/{folder.name}" in card and "AutoTokenizer.from_pretrained" in card, folder.name
+            assert "prompt format | raw" in card and "seed" in card and "seconds" not in card, folder.name
 
 
 def test_second_repro_runs_nothing(repo):

@@ -12,9 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.core.params import give
 from pipeline.modeling.models import build_student, train_tokenizer
 from pipeline.modeling.params import BaseModelConfig
 from pipeline.orchestration.flows import expected_errors
+from pipeline.orchestration.sections import run_settings
 from pipeline.training.params import SFTConfig
 from pipeline.training.trainer import sft_train
 
@@ -53,6 +55,7 @@ def main(out: str, learning_rate: float = 3e-3, max_steps: float = 8) -> None:
 
     training.dvclive_callback = lambda live: Record()  # every step's loss, in memory, instead of dvclive's files
     with expected_errors():
+        give(*run_settings())  # params.yaml's `repro` (checkpoints, resume), handed over as run_stage does
         metrics = sft_train(cfg, model, tokenizer, ROWS, ROWS[:8], Path("work"), Path("live"))
     Path(out).write_text(json.dumps({"losses": logged, "metrics": metrics, "loads": loads}))
 

@@ -173,13 +173,17 @@ def main(modes: str) -> None:
 
     import pipeline.rl.grpo as rl
     import pipeline.training.trainer as training
+    from pipeline.core.params import give
     from pipeline.modeling.models import train_tokenizer
     from pipeline.orchestration.flows import expected_errors
+    from pipeline.orchestration.sections import run_settings
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pipeline").setLevel(logging.INFO)  # checkpoints' "resuming from ..." on stderr
     training.dvclive_callback = rl.dvclive_callback = lambda live: TrainerCallback()  # no dvclive files
     tokenizer = train_tokenizer([r["prompt"] + r["rationale"] for r in ROWS], 160)
+    with expected_errors():
+        give(*run_settings())  # params.yaml's `repro` (checkpoints, resume), handed over as run_stage does
     for mode in modes.split(","):
         os.environ["DVC_STAGE"] = mode  # the checkpoint folder's label
         steps: dict[int, dict] = {}
