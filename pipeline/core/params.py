@@ -233,6 +233,13 @@ def parse_section(name: str, model: type[S], raw: object, path: Path | str = PAR
         raise ConfigError(_format_errors(Path(path), name, exc)) from None
 
 
+def read_section(name: str, model: type[S], path: Path | None = None) -> S:
+    """One section of params.yaml as it stands (keys left out take the schema's defaults); the schema's defaults
+    when there is no params file, as in a unit test. For entry points that are not a stage (the CLI, a server)."""
+    path = path or params_path()
+    return parse_section(name, model, read_params(path).get(name), path) if path.exists() else model()
+
+
 def load_section(name: str, model: type[S], path: Path | None = None) -> S:
     """Parse one section of params.yaml, which must spell out every key (a stage's main reads its sections so)."""
     path = path or params_path()

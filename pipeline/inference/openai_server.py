@@ -301,7 +301,7 @@ def _number(body: dict, name: str, default: Any, kind: type, low: float, high: f
 
 def main(argv: list[str] | None = None) -> None:
     from pipeline.core.io import ConfigError, InputError
-    from pipeline.core.params import give, params_path, parse_section, read_params
+    from pipeline.core.params import give, read_section
     from pipeline.modeling.models import load_model
     from pipeline.modeling.params import ModelLoadConfig
 
@@ -321,8 +321,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: --api-key-env {args.api_key_env}: the variable is not set", file=sys.stderr)
             raise SystemExit(2)
     try:
-        if (path := params_path()).exists():  # a program of its own: models load as the stages here load them
-            give(parse_section("model", ModelLoadConfig, read_params(path).get("model"), path))
+        give(read_section("model", ModelLoadConfig))  # a program of its own: models load as the stages here load them
         model, tokenizer = load_model(args.model_dir)
     except (ConfigError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.params import Section, load_section, params_path, parse_section, read_params
+from pipeline.core import params
+from pipeline.core.params import Section, load_section
 from pipeline.data.params import AnimateConfig, DistillConfig, MineConfig, SynthesizeConfig, TaskConfig
 from pipeline.evaluation.params import EvaluateConfig
 from pipeline.inference.params import GenerationConfig
@@ -50,11 +51,8 @@ RUN_WIDE = ("task", "prompt", "model", "generation", "repro", "tracking")
 
 
 def read_section(name: str, path: Path | None = None) -> Section:
-    """One section of params.yaml as it stands (keys left out take the schema's defaults); the schema's defaults
-    when there is no params file, as in a unit test."""
-    path = path or params_path()
-    model = SECTIONS[name]
-    return parse_section(name, model, read_params(path).get(name), path) if path.exists() else model()
+    """`core.params.read_section` by the section's name alone."""
+    return params.read_section(name, SECTIONS[name], path)
 
 
 def load_named(name: str, path: Path | None = None) -> Section:
