@@ -9,6 +9,7 @@ parameters (`pipeline.orchestration.schedule`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
-from pipeline.core import paths
+from pipeline.core import forkserver, paths
 from pipeline.core.phases import stage_logger
 from pipeline.core.processes import stop_tree
 from pipeline.core.versions import RECORDED, missing_remote, uncommitted_files
@@ -42,18 +43,20 @@ def dvc(*args: str, capture: bool = False, tee: bool = False) -> subprocess.Comp
     """
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     pipe = subprocess.PIPE if capture else None
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], env=env, text=not tee, stdout=pipe,
-                            stderr=subprocess.PIPE if capture or tee else None)
-    try:
-        if tee:
-            tail = _pass_through(proc.stderr, sys.stderr)
-            proc.wait()
-            out, err = None, tail
-        else:
-            out, err = proc.communicate()
-    except BaseException:
-        stop_tree(proc.pid)
-        raise
+    # `repro` runs stages: a fork server spares each its imports (pipeline.core.forkserver)
+    with forkserver.serving(env) if args[:1] == ("repro",) else contextlib.nullcontext({}) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], env=env | server, text=not tee, stdout=pipe,
+                                stderr=subprocess.PIPE if capture or tee else None)
+        try:
+            if tee:
+                tail = _pass_through(proc.stderr, sys.stderr)
+                proc.wait()
+                out, err = None, tail
+            else:
+                out, err = proc.communicate()
+        except BaseException:
+            stop_tree(proc.pid)
+            raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -36,6 +36,8 @@ PLUMBING = {"pipeline/orchestration/flows.py", "pipeline/core/paths.py", "pipeli
             "stages/__init__.py", "pipeline/core/faults.py", "pipeline/core/phases.py", "pipeline/core/processes.py",
             "pipeline/orchestration/tether.py", "pipeline/orchestration/runlock.py", "pipeline/orchestration/launch.py",
             "pipeline/core/registry.py",  # names and flags of the stages (its docstring says why)
+            # in which process a stage runs (a fork of a server with its imports done), not what it computes
+            "pipeline/core/forkserver.py",
             "pipeline/orchestration/checks.py"}  # checks across params sections: they refuse params, compute nothing
 
 
