@@ -5,7 +5,10 @@ Orchestration costs, side by side in one process:
    an empty 3-stage DVC project in a temporary git repository;
 2. per-stage overhead: a stage process that runs an empty Prefect flow on a
    shared server, against a bare `python -c pass`, and against the work of the
-   real stages (seconds from the last default run's metrics).
+   real stages (seconds from the last default run's metrics);
+3. a stage process that imports what a training stage imports (torch,
+   transformers' models, TRL, Prefect) and runs an empty flow: forked from the
+   fork server that `python -m pipeline repro` starts, against its own process.
 Prints each pair's times and their ratio.
 """
 
@@ -51,6 +54,30 @@ def trivial_project(folder: Path) -> None:
         subprocess.run(cmd, cwd=folder, env=ENV, check=True, capture_output=True)
 
 
+PROBE_STAGE = """
+import pipeline.modeling.models, pipeline.training.trainer  # what stages/sft.py imports first
+from pipeline.orchestration.flows import run_stage
+run_stage("probe", lambda: None)
+"""
+
+
+def fork_server_stage(folder: Path, env: dict, repeats: int) -> tuple[float, float]:
+    """(own process, forked) median seconds of `python -m stages.probe`, a stage package of its own in `folder`."""
+    from pipeline.core import forkserver
+
+    (folder / "stages").mkdir()
+    (folder / "stages" / "__init__.py").write_text("from pipeline.core.forkserver import delegate\ndelegate()\n")
+    (folder / "stages" / "probe.py").write_text(PROBE_STAGE)
+    probe = [sys.executable, "-m", "stages.probe"]
+    own = timed(probe, folder, repeats, env)
+    with forkserver.serving(env) as server:
+        time.sleep(10)  # its imports done (a stage that comes earlier runs itself)
+        check = subprocess.run(probe, cwd=folder, env=env | server, capture_output=True, text=True)
+        assert check.returncode == 0 and "fork server:" not in check.stderr, check.stderr[-2000:]
+        forked = timed(probe, folder, repeats, env | server)
+    return own, forked
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
@@ -87,6 +114,12 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "pipeline", "server", "--stop"], cwd=ROOT, env=env, capture_output=True)
     print(f"a stage outside the orchestrator: shared background server {shared:.2f} s vs a temporary server per "
           f"process {temporary:.2f} s, ratio {temporary / shared:.1f} (Prefect costs {shared - python:.2f} s a stage)")
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as home, \
+            prefect_server(home=Path(home)) as api:
+        env = {**ENV, "PREFECT_API_URL": api, "PREFECT_HOME": home, "PYTHONPATH": str(ROOT)}
+        own, forked = fork_server_stage(Path(folder), env, args.repeats)
+    print(f"a training stage's imports and an empty flow: own process {own:.2f} s, forked from the fork server "
+          f"{forked:.2f} s, ratio {own / forked:.2f} ({own - forked:.2f} s saved a stage)")
     work = {}
     for name, key in (("synthesize", None), ("sft", "train_seconds")):
         path = ROOT / "timings" / f"{name}.json"  # the last run's seconds (pipeline.core.io.write_metrics)

@@ -6,10 +6,11 @@ quick default's 19 stage runs (study `quick-default-in-ten-minutes`). `python -m
 server beside `dvc repro` (`serving`); it imports those libraries once and waits. A stage process that finds
 `PIPELINE_FORK_SERVER` in its environment (`stages/__init__.py` asks `delegate` before anything else) sends
 the server its module, arguments, working directory, environment and its stdin, stdout and stderr; the server
-forks, and the fork runs the stage as `python -m` would, on those streams. The stage process waits, passes
-on SIGTERM, SIGINT and SIGHUP, and exits as the fork did (its code, or killed by the same signal), so DVC
-sees what it would have seen. Killed outright (SIGKILL), it takes the fork with it: the fork watches its
-connection and kills itself when the stage process is gone.
+forks, and the fork joins the stage process's process group and runs the stage as `python -m` would, on those
+streams. The stage process waits, passes on SIGTERM, SIGINT and SIGHUP, and exits as the fork did (its code,
+or killed by the same signal), so DVC sees what it would have seen; a signal to the whole group (a scheduler
+killing the job, a Ctrl-C, the fault hook's `kill`) reaches both. Killed alone, even by SIGKILL, it takes
+the fork with it: the fork watches its connection and kills itself when the stage process is gone.
 
 What the fork inherits is only third-party code (`PRELOAD`), never this repository's: a stage imports its
 own modules fresh, so an edit between two stages counts as it would without the server. The server runs a
@@ -65,8 +66,8 @@ def delegate() -> None:
         conn.connect(path)
     except OSError:
         return  # no server (gone, or never started here): the stage runs itself
-    request = json.dumps({"module": module, "argv": sys.orig_argv[2:],
-                          "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    request = json.dumps({"module": module, "argv": sys.orig_argv[2:], "cwd": os.getcwd(), "env": dict(os.environ),
+                          "group": os.getpgrp(), "session": os.getsid(0)}).encode()
     with conn:
         socket.send_fds(conn, [_HEADER.pack(len(request))], [0, 1, 2])
         conn.sendall(request)
@@ -192,7 +193,13 @@ def _start(conn: socket.socket, own: dict[str, str], listener: socket.socket) ->
         if len(fds) != 3:
             raise ValueError("expected stdin, stdout and stderr")
         if differ := _differences(request["env"], own):
-            conn.sendall(json.dumps({"declined": f"environment differs: {', '.join(differ[:5])}"}).encode() + b"\n")
+            declined = f"environment differs: {', '.join(differ[:5])}"
+        elif request["session"] != os.getsid(0):
+            declined = "another session (its fork could not join the stage's process group)"
+        else:
+            declined = None
+        if declined:
+            conn.sendall(json.dumps({"declined": declined}).encode() + b"\n")
             raise ValueError("declined")
     except Exception:  # noqa: BLE001 - a request cut short or malformed costs its connection, never the server
         for fd in fds:
@@ -216,6 +223,10 @@ def _run_fork(conn: socket.socket, fds: list[int], request: dict) -> None:
     import runpy
     import threading
 
+    try:  # the stage process's group: a signal to the job's group (a scheduler, a Ctrl-C) reaches the fork too
+        os.setpgid(0, request["group"])
+    except OSError:
+        pass
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -263,9 +274,9 @@ def serving(env: dict[str, str]) -> Iterator[dict[str, str]]:
         return
     with tempfile.TemporaryDirectory(prefix="pipeline-fork-") as folder:
         path = os.path.join(folder, "socket")
-        # a session of its own: a Ctrl-C in the terminal reaches the stage processes, which pass it on
+        # in this process's group and session, so that each fork can join its stage process's group
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.forkserver", path], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
         try:
             yield {SWITCH: path}
         finally:

@@ -26,8 +26,11 @@ import os, sys, time
 print("forked" if os.environ.get("PIPELINE_FORKED") else "own process", os.getcwd(), sys.argv[1:], flush=True)
 print("torch preloaded" if "torch" in sys.modules else "torch not loaded", file=sys.stderr, flush=True)
 open("pid", "w").write(str(os.getpid()))
+print("group", os.getpgrp(), file=sys.stderr, flush=True)
 if sys.argv[1] == "sleep":
     time.sleep(60)
+if sys.argv[1] == "kill-group":  # as the fault hook's kill@<point>: a scheduler killing the job
+    os.killpg(os.getpgrp(), 9)
 sys.exit(int(sys.argv[1]))
 '''
 
@@ -60,8 +63,9 @@ def server(probe):
 
 
 def run_probe(env: dict, cwd: Path, *args: str, **popen) -> subprocess.Popen:
+    # a process group of its own, as a job's: what kills the group must not reach pytest
     return subprocess.Popen([sys.executable, "-m", "stages.probe", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0, **popen)
 
 
 def test_the_command_line_names_a_stage_module_or_nothing():
@@ -90,6 +94,13 @@ def test_a_stage_runs_in_a_fork_with_its_own_arguments_folder_streams_and_exit_c
     assert out.strip() == f"forked {probe} ['3']"
     assert "torch preloaded" in err
     assert int((probe / "pid").read_text()) != proc.pid  # the fork ran it, not the stage process
+    assert f"group {proc.pid}" in err  # in the stage process's group, where a signal to the job reaches it
+
+
+def test_a_fork_that_kills_its_group_kills_the_stage_process_as_well(server, probe):
+    proc = run_probe(server, probe, "kill-group")
+    out, _ = proc.communicate(timeout=60)
+    assert out.startswith("forked") and proc.returncode == -signal.SIGKILL
 
 
 def test_another_environment_is_declined_and_the_stage_runs_itself(server, probe):
