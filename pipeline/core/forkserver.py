@@ -36,8 +36,9 @@ from collections.abc import Iterator
 
 SWITCH = "PIPELINE_FORK_SERVER"  # the server's socket path in a stage's environment; "0" turns the server off
 FORKED = "PIPELINE_FORKED"  # set in a fork: a stage run there never delegates again
-# What a stage's environment may differ in from the server's: DVC names the stage and the repository per command.
-PER_STAGE = ("DVC_STAGE", "DVC_ROOT")
+# What a stage's environment may differ in from the server's: DVC names the stage and the repository per command,
+# and the shell that DVC runs it through keeps its own bookkeeping (`_` is the last command, under make too).
+PER_STAGE = ("DVC_STAGE", "DVC_ROOT", "_", "PWD", "OLDPWD", "SHLVL")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _HEADER = struct.Struct("!I")  # payload length in bytes
 

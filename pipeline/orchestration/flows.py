@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import phases
+from pipeline.core.forkserver import FORKED
 from pipeline.core.io import DISK_FULL, ConfigError, InputError, StageFailed
 from pipeline.core.phases import is_expected, phase
 from pipeline.orchestration.tether import GRACE as TETHER_GRACE
@@ -208,7 +209,8 @@ def publish_stage_metrics(stage: str) -> None:
 
 
 def log_imports(target: str, stage: str) -> None:
-    """Append {stage, files}: every `pipeline/` and `stages/` file this process has imported.
+    """Append {stage, files, forked}: every `pipeline/` and `stages/` file this process has imported, and whether
+    it is a fork of the fork server (pipeline.core.forkserver).
 
     Read after the stage's work, so imports inside functions count too: the e2e test
     checks them against the stage's deps in dvc.yaml, which a static look at
@@ -224,7 +226,7 @@ def log_imports(target: str, stage: str) -> None:
         if path.is_relative_to(root) and path.relative_to(root).parts[0] in ("pipeline", "stages"):
             files.add(str(path.relative_to(root)))
     with open(target, "a") as out:  # one short line per stage process: appends do not interleave
-        out.write(json.dumps({"stage": stage, "files": sorted(files)}) + "\n")
+        out.write(json.dumps({"stage": stage, "files": sorted(files), "forked": bool(os.environ.get(FORKED))}) + "\n")
 
 
 def _free_port() -> int:

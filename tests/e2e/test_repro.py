@@ -75,10 +75,12 @@ def test_repro_builds_everything(repo, prefect_api, tmp_path):
     proc = sh([sys.executable, "-m", "pipeline", "repro"], repo, PIPELINE_IMPORT_LOG=str(imports))
     out = proc.stdout + proc.stderr
     assert ran_stages(out) == ALL_STAGES
+    assert "fork server:" not in out  # no stage was declined by the fork server (pipeline.core.forkserver) ...
     # dvc.yaml lists every pipeline file a stage imported while it ran, including imports inside functions (which
     # tests/unit/test_dag.py cannot see); Prefect plumbing and path names re-run nothing by design.
     logged = [json.loads(line) for line in imports.read_text().splitlines()]
     assert sorted(r["stage"] for r in logged) == ALL_STAGES
+    assert [r["stage"] for r in logged if r["forked"]], "... and stages ran forked from it once its imports were done"
     deps = {name: stage_deps for name, _, stage_deps in stages()}  # a matrix entry (evaluate@sft) shares its deps
     for record in logged:
         name = record["stage"].split("@")[0]

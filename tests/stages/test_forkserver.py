@@ -81,7 +81,8 @@ def test_the_command_line_names_a_stage_module_or_nothing():
 
 def test_only_dvc_s_own_variables_may_differ():
     own = {"PATH": "/bin", "HF_HUB_OFFLINE": "1"}
-    stage = own | {"DVC_STAGE": "sft", "DVC_ROOT": "/repo", forkserver.SWITCH: "/tmp/socket"}
+    stage = own | {"DVC_STAGE": "sft", "DVC_ROOT": "/repo", forkserver.SWITCH: "/tmp/socket", "_": "/bin/python",
+                   "SHLVL": "2"}  # the shell's bookkeeping: make and sh set `_` each their own way
     assert forkserver._differences(stage, own) == []
     assert forkserver._differences(stage | {"HF_HUB_OFFLINE": "0"}, own) == ["HF_HUB_OFFLINE"]
     assert forkserver._differences({"PATH": "/bin"}, own) == ["HF_HUB_OFFLINE"]
