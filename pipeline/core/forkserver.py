@@ -70,10 +70,13 @@ def delegate() -> None:
     request = json.dumps({"module": module, "argv": sys.orig_argv[2:], "cwd": os.getcwd(), "env": dict(os.environ),
                           "group": os.getpgrp(), "session": os.getsid(0)}).encode()
     with conn:
-        socket.send_fds(conn, [_HEADER.pack(len(request))], [0, 1, 2])
-        conn.sendall(request)
-        reader = conn.makefile("r")
-        reply = json.loads(reader.readline() or "{}")
+        try:
+            socket.send_fds(conn, [_HEADER.pack(len(request))], [0, 1, 2])
+            conn.sendall(request)
+            reader = conn.makefile("r")
+            reply = json.loads(reader.readline() or "{}")
+        except (OSError, ValueError):  # a standard stream closed, the server gone: run here
+            return
         if "pid" not in reply:  # declined (another environment) or failed to fork: run here
             if "declined" in reply:
                 print(f"fork server: {reply['declined']}; the stage runs in its own process", file=sys.stderr)

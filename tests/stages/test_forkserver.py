@@ -155,3 +155,9 @@ def test_a_stage_process_killed_outright_takes_its_fork_with_it(server, probe):
     proc.kill()
     proc.wait(timeout=30)
     assert gone(fork, 5), "the fork ran on after its stage process was killed"
+
+
+def test_a_stage_process_without_stdin_still_runs(server, probe):
+    proc = run_probe(server, probe, "4", stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 4 and out.endswith(f"{probe} ['4']\n")
