@@ -284,11 +284,11 @@ def serving(env: dict[str, str]) -> Iterator[dict[str, str]]:
         try:
             yield {SWITCH: path}
         finally:
-            proc.stdin.close()  # the server stops on end-of-file
+            proc.stdin.close()  # the server stops on end-of-file, within its 0.2 s poll ...
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                proc.wait(0.5)
+            except subprocess.TimeoutExpired:  # ... unless it is still importing (a run with nothing stale):
+                proc.kill()  # no fork is left to stop then (each dies with its stage process, and DVC is done)
                 proc.wait()
 
 
