@@ -6,14 +6,18 @@ quick default's 19 stage runs (study `quick-default-in-ten-minutes`). `python -m
 server beside `dvc repro` (`serving`); it imports those libraries once and waits. A stage process that finds
 `PIPELINE_FORK_SERVER` in its environment (`stages/__init__.py` asks `delegate` before anything else) sends
 the server its module, arguments, working directory, environment and its stdin, stdout and stderr; the server
-forks, and the fork joins the stage process's process group and runs the stage as `python -m` would, on those
-streams. The stage process waits, passes on SIGTERM, SIGINT and SIGHUP, and exits as the fork did (its code,
-or killed by the same signal), so DVC sees what it would have seen; a signal to the whole group (a scheduler
-killing the job, a Ctrl-C, the fault hook's `kill`) reaches both. Killed alone, even by SIGKILL, it takes
-the fork with it: the fork watches its connection and kills itself when the stage process is gone.
+forks, and the fork joins the stage process's process group, takes its signal dispositions (what `nohup` or a
+script's `&` ignore stays ignored) and runs the stage as `python -m` would, on those streams. The stage process
+waits, passes on SIGTERM and SIGHUP (a Ctrl-C reaches the fork itself, in the same foreground group), and exits
+as the fork did (its code, or killed by the same signal), so DVC sees what it would have seen; a signal to the
+whole group (a scheduler killing the job, a Ctrl-C, the fault hook's `kill`) reaches both. Killed alone, even
+by SIGKILL, it takes the fork with it: the fork watches its connection and kills itself when the stage process
+is gone. A fork's resource limits, niceness, CPU affinity and umask are the server's, so a stage process whose
+own differ (a `cmd:` that runs it under `nice`, `taskset` or `ulimit`) runs itself.
 
-What the fork inherits is only third-party code (`PRELOAD`), never this repository's: a stage imports its
-own modules fresh, so an edit between two stages counts as it would without the server. The server runs a
+What the fork inherits is third-party code (`PRELOAD`) and, of this repository, only the docstrings of
+`pipeline/__init__.py` and `pipeline/core/__init__.py`: a stage imports its own modules fresh, so an edit between
+two stages counts as it would without the server. The server runs a
 stage only when the stage's environment is the one the server imported its libraries under (DVC's own
 `DVC_*` variables aside), since some libraries read theirs at import (Prefect's settings, the Hugging Face
 offline switches); anything else, and the stage runs itself, as before. `PIPELINE_FORK_SERVER=0` in the
@@ -39,7 +43,11 @@ FORKED = "PIPELINE_FORKED"  # set in a fork: a stage run there never delegates a
 # What a stage's environment may differ in from the server's: DVC names the stage and the repository per command,
 # and the shell that DVC runs it through keeps its own bookkeeping (`_` is the last command, under make too).
 PER_STAGE = ("DVC_STAGE", "DVC_ROOT", "_", "PWD", "OLDPWD", "SHLVL")
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Passed on by the stage process to its fork: what kills a process, DVC's stop_tree included, is sent to it alone.
+# SIGINT is not: a Ctrl-C reaches the whole foreground group, the fork included, and sent twice it would interrupt
+# the stage's own handling of the first.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # their dispositions, ignored or not, go to the fork
 _HEADER = struct.Struct("!I")  # payload length in bytes
 
 
@@ -53,6 +61,20 @@ def stage_module(argv: list[str]) -> str | None:
     return None
 
 
+def process_limits() -> dict:
+    """What a fork would take from the server rather than from the stage process: niceness, CPU affinity, umask,
+    resource limits."""
+    import resource
+
+    mask = os.umask(0)
+    os.umask(mask)
+    limits = {name: resource.getrlimit(getattr(resource, name)) for name in
+              ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK")
+              if hasattr(resource, name)}
+    return {"nice": os.getpriority(os.PRIO_PROCESS, 0), "affinity": sorted(os.sched_getaffinity(0)), "umask": mask,
+            "rlimits": {name: list(value) for name, value in limits.items()}}
+
+
 def delegate() -> None:
     """Run this stage in the fork server and exit as the fork did; return (run it here) when there is none, or it
     declines. Called by `stages/__init__.py`, before the stage module loads."""
@@ -62,13 +84,20 @@ def delegate() -> None:
     module = stage_module(list(getattr(sys, "orig_argv", [])))
     if module is None:
         return
+    try:  # a closed standard stream: the socket would take its number and the fork its place
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return
+    ignored = [int(sig) for sig in HANDLED if signal.getsignal(sig) is signal.SIG_IGN]  # nohup, a script's `&`
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
     except OSError:
         return  # no server (gone, or never started here): the stage runs itself
     request = json.dumps({"module": module, "argv": sys.orig_argv[2:], "cwd": os.getcwd(), "env": dict(os.environ),
-                          "group": os.getpgrp(), "session": os.getsid(0)}).encode()
+                          "group": os.getpgrp(), "session": os.getsid(0), "ignored": ignored,
+                          "limits": process_limits()}).encode()
     with conn:
         try:
             socket.send_fds(conn, [_HEADER.pack(len(request))], [0, 1, 2])
@@ -89,8 +118,9 @@ def delegate() -> None:
             except ProcessLookupError:
                 pass
 
-        for signum in FORWARDED:
-            signal.signal(signum, forward)
+        for signum in HANDLED:
+            if signum not in ignored:
+                signal.signal(signum, forward if signum in FORWARDED else signal.SIG_IGN)
         status = json.loads(reader.readline() or "{}").get("status")
     if status is None:  # the server died before the fork ended: stop the fork, fail
         try:
@@ -101,8 +131,8 @@ def delegate() -> None:
         os._exit(1)
     if os.WIFSIGNALED(status):  # die of the same signal, as the stage process itself would have
         signum = os.WTERMSIG(status)
-        for forwarded in FORWARDED:
-            signal.signal(forwarded, signal.SIG_DFL)
+        for handled in HANDLED:
+            signal.signal(handled, signal.SIG_DFL)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
@@ -141,7 +171,10 @@ def serve(path: str) -> None:
     import select
 
     own = dict(os.environ)  # as the stages see it: before the defaults below
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the starter decides when the server stops
+    # The starter decides when the server stops (its stdin ends): a signal to the job's group, or the starter's
+    # stop_tree, must not end it before it has told each stage process how its fork ended.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     for name in PRELOAD:
@@ -192,6 +225,7 @@ def _start(conn: socket.socket, own: dict[str, str], listener: socket.socket) ->
     """Read one request; fork its stage (the fork runs it and never returns here); the fork's pid, or None."""
     fds: list[int] = []
     try:
+        conn.settimeout(10)  # a stage process stopped mid-request holds no other stage up
         header, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
         request = json.loads(_recv_exactly(conn, _HEADER.unpack(header)[0]))
         if len(fds) != 3:
@@ -200,6 +234,8 @@ def _start(conn: socket.socket, own: dict[str, str], listener: socket.socket) ->
             declined = f"environment differs: {', '.join(differ[:5])}"
         elif request["session"] != os.getsid(0):
             declined = "another session (its fork could not join the stage's process group)"
+        elif request["limits"] != process_limits():
+            declined = "other process limits (niceness, CPU affinity, umask or resource limits)"
         else:
             declined = None
         if declined:
@@ -212,14 +248,34 @@ def _start(conn: socket.socket, own: dict[str, str], listener: socket.socket) ->
         return None
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # out of memory or processes: the stage runs itself
+        pid = None
+        _reply(conn, {"declined": f"fork failed: {exc}"})
     if pid == 0:
         listener.close()
+        conn.settimeout(None)
         _run_fork(conn, fds, request)  # raises SystemExit: the fork ends as a `python -m` process would
     for fd in fds:
         os.close(fd)
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    if pid is None:
+        conn.close()
+        return None
+    if not _reply(conn, {"pid": pid}):  # the stage process is gone already: so is the fork, by its watcher
+        conn.close()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return None
     return pid
+
+
+def _reply(conn: socket.socket, message: dict) -> bool:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+        return True
+    except OSError:
+        return False
 
 
 def _run_fork(conn: socket.socket, fds: list[int], request: dict) -> None:
@@ -227,13 +283,19 @@ def _run_fork(conn: socket.socket, fds: list[int], request: dict) -> None:
     import runpy
     import threading
 
-    try:  # the stage process's group: a signal to the job's group (a scheduler, a Ctrl-C) reaches the fork too
-        os.setpgid(0, request["group"])
-    except OSError:
-        pass
+    ignored = set(request.get("ignored", ()))
+    for signum in HANDLED:  # as in the stage process: Python's own, or ignored where it ignored them
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, signal.SIG_IGN if int(signum) in ignored else default)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it up
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    try:  # the stage process's group: a signal to the job's group (a scheduler, a Ctrl-C) reaches the fork too
+        os.setpgid(0, request["group"])
+    except OSError as exc:  # same session, checked: never expected; the server's group is no place to run in
+        os.write(2, f"error: the fork server's fork could not join the stage's process group: {exc}\n".encode())
+        os._exit(1)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"], **{FORKED: "1"})
@@ -242,9 +304,6 @@ def _run_fork(conn: socket.socket, fds: list[int], request: dict) -> None:
             stream.reconfigure(line_buffering=name == "stderr" or os.isatty(stream.fileno()),
                                write_through=bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.stdin = open(0, closefd=False)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(signum, signal.SIG_DFL if signum != signal.SIGPIPE else signal.SIG_IGN)
     random.seed()  # a fresh process draws its own seed; forks would share the server's
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -279,8 +338,10 @@ def serving(env: dict[str, str]) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory(prefix="pipeline-fork-") as folder:
         path = os.path.join(folder, "socket")
         # in this process's group and session, so that each fork can join its stage process's group
+        # its output nowhere: Prefect's console handler, set up at import, picks its colours from the server's
+        # stderr, and a stage's stderr is DVC's pipe, never a terminal
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.core.forkserver", path], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             yield {SWITCH: path}
         finally:

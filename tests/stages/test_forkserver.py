@@ -22,12 +22,16 @@ from pipeline.core import forkserver
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = '''
-import os, sys, time
+import os, signal, sys, time
 print("forked" if os.environ.get("PIPELINE_FORKED") else "own process", os.getcwd(), sys.argv[1:], flush=True)
 print("torch preloaded" if "torch" in sys.modules else "torch not loaded", file=sys.stderr, flush=True)
 open("pid", "w").write(str(os.getpid()))
 print("group", os.getpgrp(), file=sys.stderr, flush=True)
-if sys.argv[1] == "sleep":
+if sys.argv[1] == "sleep":  # as a stage's own SIGTERM handler (pipeline.orchestration.flows._die_on_sigterm)
+    def stopped(signum, frame):
+        open("signal", "w").write(str(signum))
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, stopped)
     time.sleep(60)
 if sys.argv[1] == "kill-group":  # as the fault hook's kill@<point>: a scheduler killing the job
     os.killpg(os.getpgrp(), 9)
@@ -140,13 +144,26 @@ def gone(pid: int, within: float) -> bool:
     return False
 
 
-def test_sigterm_reaches_the_fork_and_the_stage_process_ends_by_it(server, probe):
+def test_sigterm_to_the_stage_process_reaches_the_fork_s_handler(server, probe):
+    (probe / "signal").unlink(missing_ok=True)
     proc = run_probe(server, probe, "sleep")
     fork = wait_for_pid_file(probe, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # to the stage process alone, as DVC's stop_tree sends it
     proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGTERM  # as a stage process killed by SIGTERM itself
+    assert (probe / "signal").read_text() == str(int(signal.SIGTERM))  # the fork's handler ran ...
+    assert proc.returncode == 128 + signal.SIGTERM  # ... and its exit code is the stage process's
     assert gone(fork, 5)
+
+
+def test_what_the_stage_process_ignores_the_fork_ignores(server, probe):
+    """Under nohup (SIGHUP ignored) a hang-up to the job's group leaves the stage running, forked or not."""
+    proc = run_probe(server, probe, "sleep", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    fork = wait_for_pid_file(probe, proc)
+    os.killpg(proc.pid, signal.SIGHUP)
+    time.sleep(1)
+    assert proc.poll() is None and not gone(fork, 0.1)
+    proc.kill()
+    proc.wait(timeout=30)
 
 
 def test_a_stage_process_killed_outright_takes_its_fork_with_it(server, probe):
@@ -157,7 +174,14 @@ def test_a_stage_process_killed_outright_takes_its_fork_with_it(server, probe):
     assert gone(fork, 5), "the fork ran on after its stage process was killed"
 
 
-def test_a_stage_process_without_stdin_still_runs(server, probe):
+def test_a_stage_process_without_stdin_runs_itself(server, probe):
     proc = run_probe(server, probe, "4", stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 4 and out.endswith(f"{probe} ['4']\n")
+    assert proc.returncode == 4 and out.startswith("own process")
+
+
+def test_a_stage_process_under_nice_runs_itself(server, probe):
+    proc = run_probe(server, probe, "0", preexec_fn=lambda: os.nice(1))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.startswith("own process")
+    assert "fork server: other process limits" in err
