@@ -316,6 +316,21 @@ def _run_fork(conn: socket.socket, fds: list[int], request: dict) -> None:
                     break
             except OSError:
                 break
+        # What the stage started (a launch's ranks, a vLLM server) is no descendant of DVC's stage process, so no
+        # stop_tree of DVC's reaches it: stop it here, as that would have, then the fork itself.
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            try:
+                child.terminate()
+            except psutil.Error:
+                pass
+        for child in psutil.wait_procs(children, timeout=10)[1]:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=stage_process_gone, daemon=True, name="fork-server-watch").start()

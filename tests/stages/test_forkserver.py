@@ -33,6 +33,11 @@ if sys.argv[1] == "sleep":  # as a stage's own SIGTERM handler (pipeline.orchest
         os._exit(128 + signum)
     signal.signal(signal.SIGTERM, stopped)
     time.sleep(60)
+if sys.argv[1] == "child":  # a stage that starts a process of its own (a launch's rank, a vLLM server)
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open("child", "w").write(str(child.pid))
+    time.sleep(60)
 if sys.argv[1] == "kill-group":  # as the fault hook's kill@<point>: a scheduler killing the job
     os.killpg(os.getpgrp(), 9)
 sys.exit(int(sys.argv[1]))
@@ -100,6 +105,19 @@ def test_a_stage_runs_in_a_fork_with_its_own_arguments_folder_streams_and_exit_c
     assert "torch preloaded" in err
     assert int((probe / "pid").read_text()) != proc.pid  # the fork ran it, not the stage process
     assert f"group {proc.pid}" in err  # in the stage process's group, where a signal to the job reaches it
+
+
+def test_a_stage_process_killed_outright_takes_what_its_fork_started_too(server, probe):
+    (probe / "child").unlink(missing_ok=True)
+    proc = run_probe(server, probe, "child")
+    fork = wait_for_pid_file(probe, proc)
+    deadline = time.time() + 30
+    while not (probe / "child").exists() or not (probe / "child").read_text():
+        assert time.time() < deadline, "the probe's child did not start"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert gone(int((probe / "child").read_text()), 15) and gone(fork, 5)
 
 
 def test_a_fork_that_kills_its_group_kills_the_stage_process_as_well(server, probe):
