@@ -145,7 +145,8 @@ PRELOAD = ("numpy", "pyarrow.parquet", "yaml", "pydantic", "tqdm.auto", "torch",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2", "datasets",
            "accelerate", "peft", "trl", "dvclive", "psutil", "prefect", "prefect.flows", "prefect.flow_engine",
            "prefect.states")
-# The environment's defaults that pipeline.orchestration.flows sets before Prefect loads (Prefect reads them then).
+# Quiet, offline defaults for Prefect, which reads them when it loads: set before that by
+# pipeline.orchestration.flows in a stage process, and by the server before its imports (a user's environment wins).
 PREFECT_DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
                     "DO_NOT_TRACK": "1"}
 
@@ -171,6 +172,7 @@ def serve(path: str) -> None:
     import select
 
     own = dict(os.environ)  # as the stages see it: before the defaults below
+    limits = process_limits()
     # The starter decides when the server stops (its stdin ends): a signal to the job's group, or the starter's
     # stop_tree, must not end it before it has told each stage process how its fork ended.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -194,7 +196,7 @@ def serve(path: str) -> None:
                 return
             if listener in ready:
                 conn, _ = listener.accept()
-                pid = _start(conn, own, listener)
+                pid = _start(conn, own, limits, listener)
                 if pid:
                     running[pid] = conn
             while running:
@@ -202,10 +204,7 @@ def serve(path: str) -> None:
                 if not pid:
                     break
                 conn = running.pop(pid)
-                try:
-                    conn.sendall(json.dumps({"status": status}).encode() + b"\n")
-                except OSError:
-                    pass
+                _reply(conn, {"status": status})
                 conn.close()
     finally:
         if os.getpid() == server:  # a fork leaving through here runs none of this
@@ -221,7 +220,7 @@ def serve(path: str) -> None:
                 pass
 
 
-def _start(conn: socket.socket, own: dict[str, str], listener: socket.socket) -> int | None:
+def _start(conn: socket.socket, own: dict[str, str], limits: dict, listener: socket.socket) -> int | None:
     """Read one request; fork its stage (the fork runs it and never returns here); the fork's pid, or None."""
     fds: list[int] = []
     try:
@@ -234,12 +233,12 @@ def _start(conn: socket.socket, own: dict[str, str], listener: socket.socket) ->
             declined = f"environment differs: {', '.join(differ[:5])}"
         elif request["session"] != os.getsid(0):
             declined = "another session (its fork could not join the stage's process group)"
-        elif request["limits"] != process_limits():
+        elif request["limits"] != limits:
             declined = "other process limits (niceness, CPU affinity, umask or resource limits)"
         else:
             declined = None
         if declined:
-            conn.sendall(json.dumps({"declined": declined}).encode() + b"\n")
+            _reply(conn, {"declined": declined})
             raise ValueError("declined")
     except Exception:  # noqa: BLE001 - a request cut short or malformed costs its connection, never the server
         for fd in fds:
@@ -318,19 +317,9 @@ def _run_fork(conn: socket.socket, fds: list[int], request: dict) -> None:
                 break
         # What the stage started (a launch's ranks, a vLLM server) is no descendant of DVC's stage process, so no
         # stop_tree of DVC's reaches it: stop it here, as that would have, then the fork itself.
-        import psutil
+        from pipeline.core.processes import stop_tree
 
-        children = psutil.Process().children(recursive=True)
-        for child in children:
-            try:
-                child.terminate()
-            except psutil.Error:
-                pass
-        for child in psutil.wait_procs(children, timeout=10)[1]:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+        stop_tree(os.getpid(), include_root=False)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=stage_process_gone, daemon=True, name="fork-server-watch").start()

@@ -16,13 +16,14 @@ def running(pid: int) -> bool:
         return False
 
 
-def stop_tree(pid: int, grace: float = 10.0) -> None:
-    """SIGTERM to process `pid` and every process under it, SIGKILL to those still there after `grace` s."""
+def stop_tree(pid: int, grace: float = 10.0, include_root: bool = True) -> None:
+    """SIGTERM to process `pid` and every process under it, SIGKILL to those still there after `grace` s
+    (`include_root` False: only those under it, as a process stopping what it started)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
+        tree = [*([root] if include_root else []), *root.children(recursive=True)]
     except psutil.Error:
         return
     for proc in tree:

@@ -33,15 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import phases
-from pipeline.core.forkserver import FORKED
+from pipeline.core.forkserver import FORKED, PREFECT_DEFAULTS
 from pipeline.core.io import DISK_FULL, ConfigError, InputError, StageFailed
 from pipeline.core.phases import is_expected, phase
 from pipeline.orchestration.tether import GRACE as TETHER_GRACE
 
 # Quiet, offline defaults; a user's own environment wins.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
-os.environ.setdefault("DO_NOT_TRACK", "1")
+for _key, _value in PREFECT_DEFAULTS.items():
+    os.environ.setdefault(_key, _value)
 
 # Set (to a file path) by the e2e test: each stage process appends the repository files it imported.
 IMPORT_LOG = "PIPELINE_IMPORT_LOG"

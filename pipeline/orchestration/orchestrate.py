@@ -33,18 +33,18 @@ from pipeline.orchestration.sections import read_section
 from pipeline.orchestration.validation import validate_all
 
 
-def dvc(*args: str, capture: bool = False, tee: bool = False) -> subprocess.CompletedProcess:
+def dvc(*args: str, capture: bool = False, tee: bool = False, fork_server: bool = False) -> subprocess.CompletedProcess:
     """Run the venv's DVC with the venv's `python` first on PATH (stage cmds say `python -m ...`).
 
     `capture` keeps both streams; `tee` passes stderr (DVC's and its stages') through as it comes and keeps its
     last `TEE_TAIL` bytes as the result's `stderr`. Interrupted here (SIGTERM through Prefect's handler, Ctrl-C),
     DVC and the stage it runs are stopped before this returns: killing DVC alone would leave the stage running,
-    orphaned.
+    orphaned. `fork_server`: the stages DVC runs start as forks of one process with their imports done
+    (pipeline.core.forkserver).
     """
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     pipe = subprocess.PIPE if capture else None
-    # `repro` runs stages: a fork server spares each its imports (pipeline.core.forkserver)
-    with forkserver.serving(env) if args[:1] == ("repro",) else contextlib.nullcontext({}) as server:
+    with forkserver.serving(env) if fork_server else contextlib.nullcontext({}) as server:
         proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], env=env | server, text=not tee, stdout=pipe,
                                 stderr=subprocess.PIPE if capture or tee else None)
         try:
@@ -192,7 +192,7 @@ def reproduce(targets: list[str] | None, force: bool) -> tuple[float, str | None
     (seconds, None), or (seconds, what failed): a failed stage is a reason the flow states (`stage_failure`), not
     a crash of this task (no traceback: the stage's own message is the news)."""
     start = time.perf_counter()
-    proc = dvc("repro", *(["--force"] if force else []), *(targets or []), tee=True)
+    proc = dvc("repro", *(["--force"] if force else []), *(targets or []), tee=True, fork_server=True)
     failed = stage_failure(proc.stderr, proc.returncode)[0] if proc.returncode != 0 else None
     return time.perf_counter() - start, failed
 
