@@ -133,7 +133,8 @@ def delegate() -> None:
         signum = os.WTERMSIG(status)
         for handled in HANDLED:
             signal.signal(handled, signal.SIG_DFL)
-        signal.signal(signum, signal.SIG_DFL)
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
 

@@ -203,3 +203,12 @@ def test_a_stage_process_under_nice_runs_itself(server, probe):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and out.startswith("own process")
     assert "fork server: other process limits" in err
+
+
+def test_a_fork_killed_alone_ends_its_stage_process_by_the_same_signal(server, probe):
+    """The out-of-memory killer takes the fork, not the stage process: DVC must see a stage killed by SIGKILL."""
+    proc = run_probe(server, probe, "sleep")
+    fork = wait_for_pid_file(probe, proc)
+    os.kill(fork, signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
